@@ -1,0 +1,33 @@
+# Thin front over CMake. `make demo` and `make test` each do all set-up on a fresh Debian 12
+# machine (as root): packages via deploy/setup.sh, then configure, build, run.
+BUILD ?= build
+JOBS ?= 2
+CMAKE_FLAGS ?=
+XLOCO := $(BUILD)/src/cli/xloco
+
+.PHONY: all setup configure build demo test bench clean
+
+all: build
+
+setup:
+	bash deploy/setup.sh
+
+configure: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	bash experiments/demo.sh $(XLOCO)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 600
+
+bench: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DXLOCO_BUILD_BENCH=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+	bash experiments/bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a Debian 12 machine: `make demo`, `make test`, `.ci/run` and the
+# container image all call this, so they cannot drift. It installs only what is missing.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake make pkg-config ccache git
+  # the stack
+  libtorch-dev libgloo-dev cppzmq-dev libzmq3-dev libsodium-dev libboost-dev libzstd-dev
+  nlohmann-json3-dev doctest-dev libcli11-dev libspdlog-dev libbenchmark-dev zlib1g-dev
+  # a real BLAS for LibTorch (the reference BLAS is ~30x slower on matmul)
+  libopenblas0-pthread
+  # data: public-domain text and Fashion-MNIST
+  bible-kjv dataset-fashion-mnist
+  # reference implementation for benchmarks and the Python checkpoint reader in tests
+  python3 python3-torch python3-numpy
+  # network tests (namespaces, rate limits)
+  iproute2 procps
+)
+PACKAGES+=(${XLOCO_EXTRA_PACKAGES:-})
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "setup: missing packages: ${missing[*]}" >&2
+    echo "setup: run as root (or install sudo) so that they can be installed with apt-get" >&2
+    exit 1
+  fi
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,41 @@
+// xloco: one binary, one sub-command per role (design §1).
+#include <cstdio>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "common/error.h"
+
+namespace xloco::cli {
+namespace {
+std::vector<std::string> g_argv;
+}
+const std::vector<std::string>& original_argv() { return g_argv; }
+void set_argv_for_main(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
+}  // namespace xloco::cli
+
+int main(int argc, char** argv) {
+  xloco::cli::set_argv_for_main(argc, argv);
+  spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
+  CLI::App app{"xloco — DiLoCo training across GPU providers joined by slow, untrusted links"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "xloco 0.1.0");
+  xloco::cli::add_train_command(app);
+  xloco::cli::add_eval_command(app);
+  xloco::cli::add_sample_command(app);
+#ifdef XLOCO_HAVE_KEYGEN
+  xloco::cli::add_keygen_command(app);
+#endif
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const xloco::common::Error& e) {
+    std::fprintf(stderr, "xloco: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xloco: unexpected error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,223 @@
+#include "common/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace xloco::common {
+namespace {
+
+using json = nlohmann::json;
+
+struct Range {
+  double lo, hi;
+};
+using Choices = std::vector<std::string>;
+
+// Every config field, once: name, reference, allowed values. parse/dump/unknown-key checks all
+// walk this table, so a new field is one line here plus one in config.h.
+template <class Visitor>
+void visit_fields(Config& c, Visitor&& v) {
+  v("run.name", c.run.name, Choices{});
+  v("run.dir", c.run.dir, Choices{});
+  v("run.seed", c.run.seed, Range{0, 9.0e15});
+  v("run.device", c.run.device, Choices{});
+  v("run.threads", c.run.threads, Range{0, 1024});
+  v("run.blas_threads", c.run.blas_threads, Range{1, 1024});
+  v("data.dataset", c.data.dataset, Choices{"kjv", "fmnist"});
+  v("data.sharding", c.data.sharding, Choices{"iid", "books", "dirichlet"});
+  v("data.dirichlet_alpha", c.data.dirichlet_alpha, Range{1e-3, 1e6});
+  v("data.path", c.data.path, Choices{});
+  v("data.cache_dir", c.data.cache_dir, Choices{});
+  v("model.kind", c.model.kind, Choices{"gpt", "cnn"});
+  v("model.d_model", c.model.d_model, Range{8, 65536});
+  v("model.n_layer", c.model.n_layer, Range{1, 1024});
+  v("model.n_head", c.model.n_head, Range{1, 1024});
+  v("model.seq_len", c.model.seq_len, Range{2, 1 << 20});
+  v("inner.lr", c.inner.lr, Range{0, 10});
+  v("inner.min_lr", c.inner.min_lr, Range{0, 10});
+  v("inner.warmup_steps", c.inner.warmup_steps, Range{0, 1e9});
+  v("inner.steps", c.inner.steps, Range{1, 1e9});
+  v("inner.batch_size", c.inner.batch_size, Range{1, 1 << 20});
+  v("inner.weight_decay", c.inner.weight_decay, Range{0, 10});
+  v("inner.beta1", c.inner.beta1, Range{0, 0.999999});
+  v("inner.beta2", c.inner.beta2, Range{0, 0.999999});
+  v("inner.eps", c.inner.eps, Range{1e-12, 1});
+  v("inner.grad_clip", c.inner.grad_clip, Range{0, 1e6});
+  v("inner.eval_every", c.inner.eval_every, Range{0, 1e9});
+  v("inner.eval_batches", c.inner.eval_batches, Range{1, 1e6});
+  v("inner.log_every", c.inner.log_every, Range{1, 1e9});
+  v("inner.checkpoint_every", c.inner.checkpoint_every, Range{0, 1e9});
+  v("inner.bucket_kb", c.inner.bucket_kb, Range{4, 1 << 22});
+}
+
+const json* find_dotted(const json& j, const std::string& dotted) {
+  const json* cur = &j;
+  std::stringstream ss(dotted);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(part);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+  }
+  return cur;
+}
+
+std::string range_text(const Range& r) {
+  return fmt::format("[{:g}, {:g}]", r.lo, r.hi);
+}
+
+void set_field(const std::string& key, const json& v, std::string& out, const Choices& choices) {
+  XLOCO_ENFORCE(v.is_string(), ConfigError, "config: {} must be a string, got {}", key, v.dump());
+  out = v.get<std::string>();
+  if (!choices.empty()) {
+    bool ok = false;
+    for (const auto& c : choices) ok = ok || c == out;
+    XLOCO_ENFORCE(ok, ConfigError, "config: {} is \"{}\"; allowed: {}", key, out,
+                  fmt::format("{}", fmt::join(choices, ", ")));
+  }
+}
+
+template <class Num>
+void set_field(const std::string& key, const json& v, Num& out, const Range& r) {
+  XLOCO_ENFORCE(v.is_number(), ConfigError, "config: {} must be a number in {}, got {}", key,
+                range_text(r), v.dump());
+  const double d = v.get<double>();
+  XLOCO_ENFORCE(std::isfinite(d) && d >= r.lo && d <= r.hi, ConfigError,
+                "config: {} = {} is out of range; allowed {}", key, v.dump(), range_text(r));
+  if constexpr (std::is_integral_v<Num>) {
+    XLOCO_ENFORCE(v.is_number_integer() || d == std::floor(d), ConfigError,
+                  "config: {} must be an integer, got {}", key, v.dump());
+    out = static_cast<Num>(d);
+  } else {
+    out = static_cast<Num>(d);
+  }
+}
+
+void collect_leaves(const json& j, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object()) {
+      collect_leaves(*it, key, out);
+    } else {
+      out.push_back(key);
+    }
+  }
+}
+
+void validate(const Config& c) {
+  const auto& m = c.model;
+  XLOCO_ENFORCE(m.d_model % m.n_head == 0, ConfigError,
+                "config: model.n_head = {} must divide model.d_model = {}", m.n_head, m.d_model);
+  if (c.data.dataset == "kjv") {
+    XLOCO_ENFORCE(m.kind == "gpt", ConfigError,
+                  "config: data.dataset = kjv needs model.kind = gpt, got {}", m.kind);
+    XLOCO_ENFORCE(c.data.sharding == "iid" || c.data.sharding == "books", ConfigError,
+                  "config: data.sharding = {} is not valid for kjv; allowed: iid, books",
+                  c.data.sharding);
+  } else {
+    XLOCO_ENFORCE(m.kind == "cnn", ConfigError,
+                  "config: data.dataset = fmnist needs model.kind = cnn, got {}", m.kind);
+    XLOCO_ENFORCE(c.data.sharding == "iid" || c.data.sharding == "dirichlet", ConfigError,
+                  "config: data.sharding = {} is not valid for fmnist; allowed: iid, dirichlet",
+                  c.data.sharding);
+  }
+  XLOCO_ENFORCE(c.inner.min_lr <= c.inner.lr, ConfigError,
+                "config: inner.min_lr = {:g} must not exceed inner.lr = {:g}", c.inner.min_lr,
+                c.inner.lr);
+  XLOCO_ENFORCE(c.inner.warmup_steps <= c.inner.steps, ConfigError,
+                "config: inner.warmup_steps = {} must not exceed inner.steps = {}",
+                c.inner.warmup_steps, c.inner.steps);
+  XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
+                "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
+}
+
+}  // namespace
+
+Config parse_config(const json& j) {
+  XLOCO_ENFORCE(j.is_object(), ConfigError, "config: top level must be a JSON object");
+  Config c;
+  std::set<std::string> known;
+  visit_fields(c, [&](const std::string& key, auto& field, const auto& allowed) {
+    known.insert(key);
+    if (const json* v = find_dotted(j, key)) set_field(key, *v, field, allowed);
+  });
+  std::vector<std::string> leaves;
+  collect_leaves(j, "", leaves);
+  for (const auto& leaf : leaves) {
+    if (known.count(leaf)) continue;
+    const std::string section = leaf.substr(0, leaf.find('.'));
+    std::vector<std::string> siblings;
+    for (const auto& k : known) {
+      if (k.rfind(section + ".", 0) == 0) siblings.push_back(k);
+    }
+    throw ConfigError(fmt::format("config: unknown key \"{}\"{}", leaf,
+                                  siblings.empty()
+                                      ? std::string("; sections: run, data, model, inner")
+                                      : fmt::format("; known keys: {}", fmt::join(siblings, ", "))));
+  }
+  validate(c);
+  return c;
+}
+
+void apply_override(json& j, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  XLOCO_ENFORCE(eq != std::string::npos && eq > 0, ConfigError,
+                "--set \"{}\": expected key=value, e.g. inner.lr=3e-4", assignment);
+  const std::string key = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;
+  json* cur = &j;
+  std::stringstream ss(key);
+  std::string part;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    json& next = (*cur)[parts[i]];
+    if (next.is_null()) next = json::object();
+    XLOCO_ENFORCE(next.is_object(), ConfigError, "--set {}: {} is not a section", key, parts[i]);
+    cur = &next;
+  }
+  (*cur)[parts.back()] = value;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  XLOCO_ENFORCE(in.good(), ConfigError, "config: cannot open {}", path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  XLOCO_ENFORCE(!j.is_discarded(), ConfigError, "config: {} is not valid JSON", path);
+  for (const auto& o : overrides) apply_override(j, o);
+  try {
+    return parse_config(j);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{} (in {})", e.what(), path));
+  }
+}
+
+json to_json(const Config& c_in) {
+  Config c = c_in;
+  json j = json::object();
+  visit_fields(c, [&](const std::string& key, auto& field, const auto&) {
+    json* cur = &j;
+    std::stringstream ss(key);
+    std::string part, last;
+    std::vector<std::string> parts;
+    while (std::getline(ss, part, '.')) parts.push_back(part);
+    for (size_t i = 0; i + 1 < parts.size(); ++i) cur = &(*cur)[parts[i]];
+    (*cur)[parts.back()] = field;
+  });
+  return j;
+}
+
+std::string to_json_string(const Config& c) { return to_json(c).dump(2); }
+
+}  // namespace xloco::common

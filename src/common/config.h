@@ -1,0 +1,72 @@
+// The run configuration: plain structs with defaults, parsed from JSON and validated in one
+// place (config.cpp). Modules take these typed structs, never raw JSON. One field table drives
+// parsing, range checks, unknown-key rejection, `--set a.b=v` overrides and the JSON dump.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace xloco::common {
+
+struct RunConfig {
+  std::string name = "run";    // run directory name under dir
+  std::string dir = "runs";    // parent of run directories
+  uint64_t seed = 1337;        // model init and data order
+  std::string device = "auto"; // auto (CUDA when present) | cpu | cuda | cuda:N
+  int threads = 0;             // intra-op threads per rank; 0 = cores / ranks on this host
+  int blas_threads = 1;        // OpenBLAS threads per rank (measured: 1 is fastest, RESULTS.md)
+};
+
+struct DataConfig {
+  std::string dataset = "kjv";   // kjv | fmnist
+  std::string sharding = "iid";  // kjv: iid | books; fmnist: iid | dirichlet
+  double dirichlet_alpha = 0.5;  // label skew for fmnist dirichlet sharding
+  std::string path = "";         // fmnist: IDX folder; kjv: text file ("" = from `bible`)
+  std::string cache_dir = "";    // where the KJV text is cached ("" = $XDG_CACHE_HOME/xloco)
+};
+
+struct ModelConfig {
+  std::string kind = "gpt";  // gpt | cnn
+  int d_model = 128;         // gpt embedding width
+  int n_layer = 4;           // gpt blocks
+  int n_head = 4;            // gpt attention heads (divides d_model)
+  int seq_len = 128;         // gpt context length (bytes)
+};
+
+struct InnerConfig {
+  double lr = 1e-3;          // peak AdamW learning rate
+  double min_lr = 1e-4;      // end of the cosine decay
+  int warmup_steps = 100;    // linear warm-up from 0
+  int steps = 1000;          // total inner steps of the schedule
+  int batch_size = 32;       // per provider (split over its ranks)
+  double weight_decay = 0.1; // on >=2-D weights only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;    // global grad-norm clip; 0 = off
+  int eval_every = 200;      // steps between evals; 0 = only at the end
+  int eval_batches = 8;      // validation batches per eval
+  int log_every = 10;        // steps between progress lines / metrics
+  int checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
+  int bucket_kb = 4096;      // gradient allreduce bucket size
+};
+
+struct Config {
+  RunConfig run;
+  DataConfig data;
+  ModelConfig model;
+  InnerConfig inner;
+};
+
+// Parses and validates; throws ConfigError naming the field, the value and the allowed range.
+Config parse_config(const nlohmann::json& j);
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies "a.b=value" (value parsed as JSON, else taken as a string) to a JSON document.
+void apply_override(nlohmann::json& j, const std::string& assignment);
+nlohmann::json to_json(const Config& c);
+std::string to_json_string(const Config& c);
+
+}  // namespace xloco::common

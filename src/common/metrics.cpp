@@ -1,0 +1,67 @@
+#include "common/metrics.h"
+
+#include <sodium.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace xloco::common {
+
+void JsonlWriter::open(const std::string& path) {
+  if (file_ != nullptr) std::fclose(file_);
+  path_ = path;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  file_ = std::fopen(path.c_str(), "a");
+  XLOCO_ENFORCE(file_ != nullptr, IoError, "cannot open metrics file {}: {}", path,
+                std::strerror(errno));
+}
+
+JsonlWriter::~JsonlWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void JsonlWriter::write(const nlohmann::json& record) {
+  if (file_ == nullptr) return;
+  const std::string line = record.dump() + "\n";
+  XLOCO_ENFORCE(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
+                    std::fflush(file_) == 0,
+                IoError, "cannot write metrics to {}: {}", path_, std::strerror(errno));
+}
+
+std::string human_rate(double v) {
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+std::string human_bytes(double b) {
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);
+}
+
+std::string human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = std::lround(s);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, static_cast<int>((t % 3600) / 60));
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, static_cast<int>(t % 60));
+  return fmt::format("{}s", t);
+}
+
+std::string hash_hex(const void* data, size_t size) {
+  unsigned char out[16];
+  crypto_generichash(out, sizeof(out), static_cast<const unsigned char*>(data), size, nullptr, 0);
+  std::string hex;
+  for (unsigned char c : out) hex += fmt::format("{:02x}", c);
+  return hex;
+}
+
+}  // namespace xloco::common

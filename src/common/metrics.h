@@ -1,0 +1,35 @@
+// Metrics sink: one JSON object per line, flushed per line so that a crash loses at most the
+// line being written. Also the small formatting helpers the progress lines share.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace xloco::common {
+
+class JsonlWriter {
+ public:
+  JsonlWriter() = default;
+  explicit JsonlWriter(const std::string& path) { open(path); }
+  void open(const std::string& path);  // appends; creates parent directories
+  ~JsonlWriter();
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  void write(const nlohmann::json& record);
+  bool is_open() const { return file_ != nullptr; }
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+std::string human_rate(double per_second);   // 8.1k, 1.2M
+std::string human_bytes(double bytes);       // 1.2 MB
+std::string human_duration(double seconds);  // 3m12s
+
+// 16-byte BLAKE2b of a byte range, hex: parameter hashes compared across ranks and replicas.
+std::string hash_hex(const void* data, size_t size);
+
+}  // namespace xloco::common

@@ -1,0 +1,106 @@
+#include "inner/dist.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace xloco::inner {
+
+struct Group::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+};
+
+DistOptions dist_options_from_env() {
+  DistOptions o;
+  auto get = [](const char* k) -> std::string {
+    const char* v = std::getenv(k);
+    return v ? v : "";
+  };
+  if (!get("XLOCO_RANK").empty()) o.rank = std::atoi(get("XLOCO_RANK").c_str());
+  if (!get("XLOCO_WORLD_SIZE").empty()) o.world = std::atoi(get("XLOCO_WORLD_SIZE").c_str());
+  o.store = get("XLOCO_STORE");
+  if (!get("XLOCO_GLOO_HOST").empty()) o.hostname = get("XLOCO_GLOO_HOST");
+  XLOCO_ENFORCE(o.world >= 1 && o.rank >= 0 && o.rank < o.world, common::ConfigError,
+                "XLOCO_RANK={} / XLOCO_WORLD_SIZE={} are inconsistent", o.rank, o.world);
+  return o;
+}
+
+Group::Group(const DistOptions& opts) : impl_(std::make_unique<Impl>()), rank_(opts.rank),
+                                        world_(opts.world) {
+  if (world_ == 1) return;
+  XLOCO_ENFORCE(!opts.store.empty(), common::ConfigError,
+                "rank {} of {}: no rendezvous store (XLOCO_STORE)", rank_, world_);
+  if (opts.store.rfind("file:", 0) == 0) {
+    impl_->store = c10::make_intrusive<c10d::FileStore>(opts.store.substr(5), world_);
+  } else if (opts.store.rfind("tcp://", 0) == 0) {
+    const std::string hp = opts.store.substr(6);
+    const auto colon = hp.rfind(':');
+    XLOCO_ENFORCE(colon != std::string::npos, common::ConfigError, "bad store {}", opts.store);
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(std::atoi(hp.substr(colon + 1).c_str()));
+    so.isServer = rank_ == 0;
+    so.numWorkers = world_;
+    so.timeout = opts.timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(hp.substr(0, colon), so);
+  } else {
+    throw common::ConfigError(fmt::format("unknown store \"{}\" (file:PATH or tcp://HOST:PORT)",
+                                          opts.store));
+  }
+  auto go = c10d::ProcessGroupGloo::Options::create();
+  go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts.hostname));
+  go->timeout = opts.timeout;
+  go->threads = 1;
+  impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, rank_, world_, go);
+}
+
+Group::~Group() = default;
+
+void Group::allreduce_sum(torch::Tensor& flat, int64_t bucket_bytes) {
+  if (world_ == 1) return;
+  const int64_t per = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(flat.element_size()));
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::vector<torch::Tensor>> buckets;
+  for (int64_t off = 0; off < flat.numel(); off += per) {
+    buckets.push_back({flat.narrow(0, off, std::min(per, flat.numel() - off))});
+  }
+  for (auto& b : buckets) works.push_back(impl_->pg->allreduce(b));
+  for (auto& w : works) w->wait();
+}
+
+void Group::broadcast(torch::Tensor& t, int root) {
+  if (world_ == 1) return;
+  std::vector<torch::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  impl_->pg->broadcast(v, o)->wait();
+}
+
+void Group::barrier() {
+  if (world_ == 1) return;
+  impl_->pg->barrier()->wait();
+}
+
+void Group::check_same(const std::string& what, const std::string& hex) {
+  if (world_ == 1) return;
+  // Every rank contributes its hash bytes; max == min per byte iff all are equal.
+  auto mine = torch::zeros({static_cast<int64_t>(hex.size())}, torch::kFloat64);
+  for (size_t i = 0; i < hex.size(); ++i) mine[static_cast<int64_t>(i)] = static_cast<double>(hex[i]);
+  auto hi = mine.clone(), lo = -mine;
+  std::vector<torch::Tensor> a{hi}, b{lo};
+  c10d::AllreduceOptions mx;
+  mx.reduceOp = c10d::ReduceOp::MAX;
+  impl_->pg->allreduce(a, mx)->wait();
+  impl_->pg->allreduce(b, mx)->wait();
+  XLOCO_ENFORCE(torch::equal(hi, -lo), common::Error,
+                "{} differ across the {} ranks of this provider (rank {} has {}): replicas "
+                "drifted apart", what, world_, rank_, hex);
+}
+
+}  // namespace xloco::inner

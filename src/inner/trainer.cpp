@@ -1,0 +1,202 @@
+#include "inner/trainer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "common/metrics.h"
+
+namespace xloco::inner {
+
+common::TensorBlob to_blob(const std::string& name, const torch::Tensor& t) {
+  auto c = t.detach().to(torch::kCPU).contiguous();
+  common::TensorBlob b;
+  b.name = name;
+  b.shape.assign(c.sizes().begin(), c.sizes().end());
+  switch (c.scalar_type()) {
+    case torch::kFloat32: b.dtype = "F32"; break;
+    case torch::kFloat64: b.dtype = "F64"; break;
+    case torch::kInt64: b.dtype = "I64"; break;
+    default: throw common::Error(fmt::format("to_blob: unsupported dtype for {}", name));
+  }
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  b.data.assign(p, p + c.numel() * c.element_size());
+  return b;
+}
+
+torch::Tensor from_blob(const common::TensorBlob& blob) {
+  torch::ScalarType st;
+  if (blob.dtype == "F32") {
+    st = torch::kFloat32;
+  } else if (blob.dtype == "F64") {
+    st = torch::kFloat64;
+  } else if (blob.dtype == "I64") {
+    st = torch::kInt64;
+  } else {
+    throw common::IoError(fmt::format("tensor {}: unsupported dtype {}", blob.name, blob.dtype));
+  }
+  return torch::from_blob(const_cast<uint8_t*>(blob.data.data()), blob.shape, st).clone();
+}
+
+InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> model,
+                           Group& group, torch::Device device)
+    : config_(config), model_(std::move(model)), group_(group), device_(device) {
+  model_->to(device_);
+  auto named = model_->named_parameters();
+  int64_t offset = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& p : named) {
+      const bool decayed = p.value().dim() >= 2;
+      if (decayed != (pass == 0)) continue;
+      slots_.push_back({p.key(), p.value().sizes().vec(), offset, p.value().numel()});
+      offset += p.value().numel();
+    }
+    if (pass == 0) decay_numel_ = offset;
+  }
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  params_ = torch::empty({offset}, opts);
+  grads_ = torch::zeros({offset + 2}, opts);
+  torch::NoGradGuard guard;
+  for (const auto& s : slots_) {
+    auto& p = named[s.name];
+    auto view = params_.narrow(0, s.offset, s.numel).view(s.shape);
+    view.copy_(p);
+    p.set_data(view);
+    p.mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
+  }
+  reset_optimizer();
+}
+
+void InnerTrainer::reset_optimizer() {
+  exp_avg_ = torch::zeros_like(params_);
+  exp_avg_sq_ = torch::zeros_like(params_);
+  adam_t_ = 0;
+}
+
+double InnerTrainer::lr_at(int64_t step) const {
+  const auto& in = config_.inner;
+  if (step < in.warmup_steps) return in.lr * static_cast<double>(step + 1) / in.warmup_steps;
+  const double span = std::max(1, in.steps - in.warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - in.warmup_steps) / span);
+  return in.min_lr + 0.5 * (in.lr - in.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_stop) {
+  model_->train();
+  const Batch b = data.train_batch(step, group_.rank(), group_.world());
+  grads_.zero_();
+  auto loss = model_->loss(b.x.to(device_), b.y.to(device_));
+  loss.backward();
+  {
+    torch::NoGradGuard guard;
+    // The loss and the stop request ride in the gradient buffer's last slots: one allreduce per
+    // step carries all three.
+    grads_.narrow(0, params_.numel(), 1).copy_(loss.detach().reshape({1}));
+    grads_[params_.numel() + 1].fill_(want_stop ? 1.0 : 0.0);
+    group_.allreduce_sum(grads_, static_cast<int64_t>(config_.inner.bucket_kb) * 1024);
+    if (group_.world() > 1) grads_.div_(group_.world());
+  }
+  StepStats st;
+  st.loss = grads_[params_.numel()].item<double>();
+  st.stop = grads_[params_.numel() + 1].item<double>() > 0;
+  XLOCO_ENFORCE(std::isfinite(st.loss), common::Error,
+                "step {}: loss is {} (diverged); lower inner.lr or check the data", step, st.loss);
+  auto g = grads_.narrow(0, 0, params_.numel());
+  st.grad_norm = g.norm().item<double>();
+  if (config_.inner.grad_clip > 0 && st.grad_norm > config_.inner.grad_clip) {
+    g.mul_(config_.inner.grad_clip / (st.grad_norm + 1e-6));
+  }
+  st.lr = lr_at(step);
+  apply_adamw(st.lr);
+  st.tokens = b.tokens * group_.world();
+  return st;
+}
+
+void InnerTrainer::apply_adamw(double lr) {
+  torch::NoGradGuard guard;
+  const auto& in = config_.inner;
+  auto g = grads_.narrow(0, 0, params_.numel());
+  ++adam_t_;
+  // PyTorch's AdamW order: decoupled decay first, then the Adam update.
+  if (in.weight_decay > 0 && decay_numel_ > 0) {
+    params_.narrow(0, 0, decay_numel_).mul_(1.0 - lr * in.weight_decay);
+  }
+  exp_avg_.lerp_(g, 1.0 - in.beta1);
+  exp_avg_sq_.mul_(in.beta2).addcmul_(g, g, 1.0 - in.beta2);
+  const double bc1 = 1.0 - std::pow(in.beta1, static_cast<double>(adam_t_));
+  const double bc2 = 1.0 - std::pow(in.beta2, static_cast<double>(adam_t_));
+  auto denom = (exp_avg_sq_.sqrt() / std::sqrt(bc2)).add_(in.eps);
+  params_.addcdiv_(exp_avg_, denom, -lr / bc1);
+}
+
+EvalStats InnerTrainer::evaluate(const Dataset& data) {
+  torch::NoGradGuard guard;
+  model_->eval();
+  double sum = 0, correct = 0, count = 0;
+  const bool classify = config_.model.kind == "cnn";
+  for (const auto& b : data.eval_batches(group_.rank(), group_.world())) {
+    auto x = b.x.to(device_), y = b.y.to(device_);
+    auto logits = model_->logits(x);
+    auto flat = logits.view({-1, logits.size(-1)});
+    auto yy = y.reshape({-1});
+    sum += torch::nn::functional::cross_entropy(
+               flat, yy, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+               .item<double>();
+    if (classify) correct += flat.argmax(-1).eq(yy).sum().item<double>();
+    count += static_cast<double>(yy.numel());
+  }
+  auto totals = torch::tensor({sum, correct, count}, torch::kFloat64);
+  group_.allreduce_sum(totals, 1 << 20);
+  EvalStats e;
+  e.count = static_cast<int64_t>(totals[2].item<double>());
+  e.loss = totals[0].item<double>() / std::max(1.0, totals[2].item<double>());
+  if (classify) e.accuracy = totals[1].item<double>() / std::max(1.0, totals[2].item<double>());
+  return e;
+}
+
+std::string InnerTrainer::param_hash() const {
+  auto c = params_.to(torch::kCPU).contiguous();
+  return common::hash_hex(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float));
+}
+
+std::vector<common::TensorBlob> InnerTrainer::model_blobs() const {
+  std::vector<common::TensorBlob> out;
+  // In the model's own (nanoGPT) order, not the flat layout order.
+  for (const auto& p : model_->named_parameters()) out.push_back(to_blob(p.key(), p.value()));
+  return out;
+}
+
+std::vector<common::TensorBlob> InnerTrainer::optimizer_blobs() const {
+  return {to_blob("exp_avg", exp_avg_), to_blob("exp_avg_sq", exp_avg_sq_),
+          to_blob("step", torch::tensor({adam_t_}, torch::kInt64))};
+}
+
+void InnerTrainer::load_model(const common::SafetensorsFile& file) {
+  torch::NoGradGuard guard;
+  for (const auto& s : slots_) {
+    const auto* blob = file.find(s.name);
+    XLOCO_ENFORCE(blob != nullptr, common::IoError, "checkpoint lacks tensor {}", s.name);
+    XLOCO_ENFORCE(blob->shape == s.shape && blob->dtype == "F32", common::IoError,
+                  "checkpoint tensor {} is {} {}, the model needs F32 {}", s.name, blob->dtype,
+                  fmt::join(blob->shape, "x"), fmt::join(s.shape, "x"));
+    params_.narrow(0, s.offset, s.numel).copy_(from_blob(*blob).view({-1}));
+  }
+}
+
+void InnerTrainer::load_optimizer(const common::SafetensorsFile& file) {
+  const auto* m = file.find("exp_avg");
+  const auto* v = file.find("exp_avg_sq");
+  const auto* t = file.find("step");
+  XLOCO_ENFORCE(m && v && t, common::IoError, "optimizer checkpoint lacks exp_avg/exp_avg_sq/step");
+  auto mt = from_blob(*m), vt = from_blob(*v);
+  XLOCO_ENFORCE(mt.numel() == params_.numel() && vt.numel() == params_.numel(), common::IoError,
+                "optimizer checkpoint has {} moments, the model {} parameters", mt.numel(),
+                params_.numel());
+  exp_avg_.copy_(mt);
+  exp_avg_sq_.copy_(vt);
+  adam_t_ = from_blob(*t).item<int64_t>();
+}
+
+}  // namespace xloco::inner

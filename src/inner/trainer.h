@@ -1,0 +1,84 @@
+// The inner trainer of one provider: AdamW (decoupled weight decay on >=2-D weights only),
+// linear warm-up then cosine decay, global grad-norm clipping, and the per-step gradient
+// allreduce over the provider's ranks. Parameters and gradients live in two flat buffers
+// (every module parameter is a view into them), so AdamW, clipping, the allreduce and later the
+// outer sync each touch one contiguous tensor instead of one small tensor per parameter.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "common/config.h"
+#include "common/safetensors.h"
+#include "inner/data.h"
+#include "inner/dist.h"
+#include "inner/model.h"
+
+namespace xloco::inner {
+
+struct StepStats {
+  double loss = 0;        // mean over the provider batch (all ranks)
+  double lr = 0;
+  double grad_norm = 0;   // before clipping
+  int64_t tokens = 0;     // processed by the provider this step (all ranks)
+  bool stop = false;      // some rank asked to stop (e.g. Ctrl+C): all ranks stop together
+};
+
+struct EvalStats {
+  double loss = 0;                  // mean per token (gpt) or per image (cnn)
+  std::optional<double> accuracy;   // cnn only
+  int64_t count = 0;
+};
+
+class InnerTrainer {
+ public:
+  InnerTrainer(const common::Config& config, std::shared_ptr<Net> model, Group& group,
+               torch::Device device);
+
+  // One optimizer step at global inner step `step` (0-based), on this rank's slice of the batch.
+  // `want_stop` rides the gradient allreduce, so every rank learns of it at the same step.
+  StepStats train_step(const Dataset& data, int64_t step, bool want_stop = false);
+  EvalStats evaluate(const Dataset& data);
+  double lr_at(int64_t step) const;
+
+  Net& model() { return *model_; }
+  torch::Tensor& params() { return params_; }  // flat fp32, every parameter a view into it
+  int64_t adam_steps() const { return adam_t_; }
+  std::string param_hash() const;  // BLAKE2b of the flat parameters (on CPU)
+  void reset_optimizer();
+
+  // Checkpoint state: the model under its nanoGPT names, and the AdamW moments.
+  std::vector<common::TensorBlob> model_blobs() const;
+  std::vector<common::TensorBlob> optimizer_blobs() const;
+  void load_model(const common::SafetensorsFile& file);  // names and shapes must match
+  void load_optimizer(const common::SafetensorsFile& file);
+
+ private:
+  void apply_adamw(double lr);
+
+  common::Config config_;
+  std::shared_ptr<Net> model_;
+  Group& group_;
+  torch::Device device_;
+  struct Slot {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset, numel;
+  };
+  std::vector<Slot> slots_;     // >=2-D weights first (decayed), then the rest
+  int64_t decay_numel_ = 0;
+  torch::Tensor params_, grads_;  // grads_ ends with two extra slots: loss, stop request
+  torch::Tensor exp_avg_, exp_avg_sq_;
+  int64_t adam_t_ = 0;
+};
+
+// Tensor <-> safetensors blob helpers shared by checkpoints.
+common::TensorBlob to_blob(const std::string& name, const torch::Tensor& t);
+torch::Tensor from_blob(const common::TensorBlob& blob);
+
+}  // namespace xloco::inner

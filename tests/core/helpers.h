@@ -1,0 +1,52 @@
+// Shared fixtures of the core suites: a small, fast config and a scratch directory.
+#pragma once
+
+#include <cstdlib>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "common/config.h"
+
+namespace xloco::test {
+
+inline common::Config tiny_gpt_config() {
+  common::Config c;
+  c.model.d_model = 64;
+  c.model.n_layer = 2;
+  c.model.n_head = 4;
+  c.model.seq_len = 64;
+  c.inner.batch_size = 8;
+  c.inner.steps = 100;
+  c.inner.warmup_steps = 5;
+  c.inner.lr = 2e-3;
+  c.inner.eval_batches = 2;
+  c.run.threads = 1;
+  return c;
+}
+
+inline bool have_kjv() { return std::filesystem::exists("/usr/bin/bible"); }
+inline bool have_fmnist() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+// A fresh directory under the build tree's temp area, removed at scope exit.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& tag) {
+    path = std::filesystem::temp_directory_path() /
+           ("xloco-test-" + tag + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+  std::string str() const { return path.string(); }
+};
+
+inline std::string env_or(const char* key, const std::string& fallback) {
+  const char* v = std::getenv(key);
+  return v ? v : fallback;
+}
+
+}  // namespace xloco::test

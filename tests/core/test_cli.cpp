@@ -1,0 +1,138 @@
+// End-to-end: the real `xloco` binary as a user runs it (XLOCO_BIN set by ctest).
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "helpers.h"
+
+using namespace xloco;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = test::env_or("XLOCO_BIN", "xloco") + " " + args + " 2>&1";
+  Result r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::string config_path() {
+  return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json";
+}
+
+std::string small(const std::string& dir, const std::string& name) {
+  return " --set run.dir=" + dir + " --set run.name=" + name +
+         " --set model.d_model=32 --set model.n_layer=1 --set model.n_head=2"
+         " --set model.seq_len=32 --set inner.batch_size=8 --set inner.warmup_steps=2"
+         " --set inner.eval_batches=2 --set inner.log_every=2 --set inner.eval_every=4";
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE("a bad config value is refused naming the field") {
+    auto r = run("train --config " + config_path() + " --set inner.lr=-1");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("inner.lr") != std::string::npos);
+    r = run("train --config " + config_path() + " --set inner.typo=1");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("unknown key \"inner.typo\"") != std::string::npos);
+  }
+
+  TEST_CASE("train --nproc 2, then --resume, eval and sample from the checkpoint") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("cli");
+    auto r = run("train --config " + config_path() + " --nproc 2" + small(dir.str(), "two") +
+                 " --set inner.steps=6 --set inner.checkpoint_every=4");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("final eval loss") != std::string::npos);
+    CHECK(r.out.find("2 rank(s)") != std::string::npos);
+    const auto run_dir = dir.path / "two";
+    CHECK(fs::exists(run_dir / "config.json"));
+    CHECK(fs::exists(run_dir / "ckpt" / "step-0000006" / "model.safetensors"));
+    CHECK(fs::exists(run_dir / "metrics" / "provider-0.jsonl"));
+    CHECK(!fs::exists(run_dir / (".store-" + std::to_string(0))));
+
+    r = run("train --config " + config_path() + " --nproc 2 --resume" + small(dir.str(), "two") +
+            " --set inner.steps=10");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("resumed from") != std::string::npos);
+    CHECK(r.out.find("at step 6") != std::string::npos);
+
+    const auto ckpt = (run_dir / "ckpt" / "step-0000010").string();
+    r = run("eval --checkpoint " + ckpt);
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("eval loss") != std::string::npos);
+    r = run("sample --checkpoint " + ckpt + " --prompt 'And God' --tokens 20");
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.rfind("And God") != std::string::npos);
+  }
+
+  TEST_CASE("Ctrl+C on train --nproc 2 saves a checkpoint and leaves no rank behind") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("sigint");
+    const std::string log = dir.str() + "/out.log";
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      setpgid(0, 0);
+      const std::string cmd = "exec " + test::env_or("XLOCO_BIN", "xloco") + " train --config " +
+                              config_path() + " --nproc 2" + small(dir.str(), "int") +
+                              " --set inner.steps=100000 > " + log + " 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // wait until training has started (a progress line), then interrupt the launcher only
+    bool started = false;
+    for (int i = 0; i < 600 && !started; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::ifstream in(log);
+      std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      started = s.find("step 4/") != std::string::npos;
+    }
+    REQUIRE(started);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 130);
+    // no process of the group is left
+    CHECK(kill(-pid, 0) == -1);
+    std::ifstream in(log);
+    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO(s);
+    CHECK(s.find("interrupted at step") != std::string::npos);
+    CHECK(fs::exists(dir.path / "int" / "ckpt" / "latest"));
+  }
+}

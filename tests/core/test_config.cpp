@@ -1,0 +1,65 @@
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/config.h"
+#include "common/error.h"
+
+using nlohmann::json;
+using xloco::common::ConfigError;
+using xloco::common::parse_config;
+
+TEST_SUITE("config") {
+  TEST_CASE("defaults parse and round-trip through JSON") {
+    auto c = parse_config(json::object());
+    CHECK(c.inner.beta2 == doctest::Approx(0.95));
+    auto again = parse_config(xloco::common::to_json(c));
+    CHECK(again.model.d_model == c.model.d_model);
+    CHECK(again.run.seed == c.run.seed);
+  }
+
+  TEST_CASE("unknown key is rejected by name with the known keys listed") {
+    try {
+      parse_config(json{{"inner", {{"lrr", 1e-3}}}});
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find("inner.lrr") != std::string::npos);
+      CHECK(msg.find("inner.lr,") != std::string::npos);
+    }
+    CHECK_THROWS_AS(parse_config(json{{"bogus", 1}}), ConfigError);
+  }
+
+  TEST_CASE("out-of-range value names the field and the allowed range") {
+    try {
+      parse_config(json{{"inner", {{"lr", -1}}}});
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find("inner.lr") != std::string::npos);
+      CHECK(msg.find("[0, 10]") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("wrong type, bad choice, non-integer and cross-field errors") {
+    CHECK_THROWS_WITH_AS(parse_config(json{{"inner", {{"steps", "many"}}}}),
+                         doctest::Contains("inner.steps must be a number"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_config(json{{"data", {{"sharding", "random"}}}}),
+                         doctest::Contains("data.sharding"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_config(json{{"inner", {{"steps", 10.5}}}}),
+                         doctest::Contains("inner.steps must be an integer"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_config(json{{"model", {{"d_model", 100}, {"n_head", 3}}}}),
+                         doctest::Contains("model.n_head"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_config(json{{"data", {{"dataset", "fmnist"}}}}),
+                         doctest::Contains("model.kind = cnn"), ConfigError);
+  }
+
+  TEST_CASE("dotted overrides parse numbers and strings") {
+    json j = json::object();
+    xloco::common::apply_override(j, "inner.lr=3e-4");
+    xloco::common::apply_override(j, "run.name=abc");
+    auto c = parse_config(j);
+    CHECK(c.inner.lr == doctest::Approx(3e-4));
+    CHECK(c.run.name == "abc");
+    CHECK_THROWS_AS(xloco::common::apply_override(j, "noequals"), ConfigError);
+  }
+}
