@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark of design §9 that exists, each against its reference in the
+# same run. Results go to stdout; copy the figures into experiments/RESULTS.md with this command.
+set -euo pipefail
+BUILD=${1:-build}
+HERE=$(cd "$(dirname "$0")" && pwd)
+echo "== inner step throughput: xloco vs PyTorch"
+/usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco"
+for b in bench_codec bench_net; do
+  exe=$(find "$BUILD/experiments/bench" -name "$b" -type f -executable 2>/dev/null | head -1)
+  if [ -n "$exe" ]; then
+    echo "== $b"
+    "$exe"
+  fi
+done

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Inner-step throughput of `xloco train` (tiny GPT, 1 rank) against the PyTorch reference
+(gpt_torch.py: same model, batch, optimizer and thread count), in one run, interleaved so that
+both see the same machine state. Also sweeps LibTorch intra-op x OpenBLAS threads for xloco.
+
+usage: throughput.py XLOCO_BIN [--steps N] [--repeats R]"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def xloco_rate(binary, steps, threads, blas, batch):
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [binary, "train", "--config", os.path.join(ROOT, "configs/kjv-tiny.json"),
+               "--set", f"run.dir={d}", "--set", "run.name=bench", "--set", f"inner.steps={steps}",
+               "--set", "inner.warmup_steps=5", "--set", "inner.log_every=5",
+               "--set", "inner.eval_every=0", "--set", "inner.checkpoint_every=0",
+               "--set", f"inner.batch_size={batch}",
+               "--set", f"run.threads={threads}", "--set", f"run.blas_threads={blas}"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        rows = [json.loads(l) for l in open(os.path.join(d, "bench/metrics/provider-0.jsonl"))]
+        rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:]  # skip warm-up window
+        return statistics.mean(rates)
+
+
+def torch_rate(steps, threads, batch):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable if sys.executable.startswith("/usr/bin") else "/usr/bin/python3",
+                          os.path.join(HERE, "gpt_torch.py"), "--steps", str(steps), "--threads",
+                          str(threads), "--batch", str(batch)],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("xloco")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=32)
+    a = ap.parse_args()
+    cores = os.cpu_count()
+    print(f"# tiny GPT (d128 L4 H4 T128), batch {a.batch}, {a.steps} steps, {a.repeats} repeats, {cores} cores")
+    print("| threads (intra-op x OpenBLAS) | xloco tok/s (median) |")
+    print("|---|---|")
+    sweep = {}
+    for threads in sorted({1, cores}):
+        for blas in sorted({1, cores}):
+            rates = [xloco_rate(a.xloco, a.steps, threads, blas, a.batch) for _ in range(a.repeats)]
+            sweep[(threads, blas)] = statistics.median(rates)
+            print(f"| {threads} x {blas} | {sweep[(threads, blas)]:.0f} |", flush=True)
+    best = max(sweep, key=sweep.get)
+    threads = best[0]
+    xs, ts = [], []
+    for _ in range(a.repeats):
+        xs.append(xloco_rate(a.xloco, a.steps, threads, best[1], a.batch))
+        ts.append(torch_rate(a.steps, threads, a.batch))
+    x, t = statistics.median(xs), statistics.median(ts)
+    print(f"\nbest xloco setting: {best[0]} intra-op x {best[1]} OpenBLAS threads")
+    print(f"xloco   {x:.0f} tok/s  (runs: {', '.join(f'{v:.0f}' for v in xs)})")
+    print(f"PyTorch {t:.0f} tok/s  (runs: {', '.join(f'{v:.0f}' for v in ts)}; {threads} threads)")
+    print(f"ratio xloco / PyTorch = {x / t:.2f} (goal >= 1.15)")
+
+
+if __name__ == "__main__":
+    main()
