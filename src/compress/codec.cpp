@@ -1,0 +1,114 @@
+#include "compress/codec.h"
+
+#include <zstd.h>
+
+#include <limits>
+
+#include "common/error.h"
+#include "compress/error.h"
+#include "compress/tensor_ref.h"
+
+namespace xloco::compress {
+
+std::string_view to_string(Codec codec) {
+  switch (codec) {
+    case Codec::kFp32:
+      return "fp32";
+    case Codec::kBf16:
+      return "bf16";
+    case Codec::kInt8:
+      return "int8";
+    case Codec::kInt4:
+      return "int4";
+  }
+  return "unknown";
+}
+
+Codec parse_codec(std::string_view name) {
+  for (const Codec c : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+    if (name == to_string(c)) return c;
+  }
+  throw common::ConfigError(fmt::format("codec '{}' is not one of fp32, bf16, int8, int4", name));
+}
+
+const char* to_string(FrameErrorKind kind) {
+  switch (kind) {
+    case FrameErrorKind::kTruncated:
+      return "truncated frame";
+    case FrameErrorKind::kBadMagic:
+      return "bad magic";
+    case FrameErrorKind::kBadVersion:
+      return "bad format version";
+    case FrameErrorKind::kUnknownCodec:
+      return "unknown codec";
+    case FrameErrorKind::kOverLimit:
+      return "over limit";
+    case FrameErrorKind::kCorrupt:
+      return "corrupt frame";
+    case FrameErrorKind::kNonFinite:
+      return "non-finite value";
+    case FrameErrorKind::kMismatch:
+      return "tensor mismatch";
+  }
+  return "frame error";
+}
+
+void validate(const CodecConfig& config) {
+  XLOCO_ENFORCE(static_cast<uint8_t>(config.codec) <= static_cast<uint8_t>(Codec::kInt4),
+                common::ConfigError, "compress.codec: unknown codec id {}",
+                static_cast<int>(config.codec));
+  XLOCO_ENFORCE(config.block_size >= 1 && config.block_size <= kMaxBlockSize, common::ConfigError,
+                "compress.block_size: {} is outside [1, {}]", config.block_size, kMaxBlockSize);
+  XLOCO_ENFORCE(config.codec != Codec::kInt4 || config.block_size % 2 == 0, common::ConfigError,
+                "compress.block_size: int4 packs pairs of values, {} is odd", config.block_size);
+  XLOCO_ENFORCE(config.zstd_level == 0 || (config.zstd_level >= ZSTD_minCLevel() &&
+                                           config.zstd_level <= ZSTD_maxCLevel()),
+                common::ConfigError, "compress.zstd_level: {} is outside [{}, {}]",
+                config.zstd_level, ZSTD_minCLevel(), ZSTD_maxCLevel());
+  XLOCO_ENFORCE(config.zstd_threads >= 0 && config.zstd_threads <= 256, common::ConfigError,
+                "compress.zstd_threads: {} is outside [0, 256]", config.zstd_threads);
+  validate(config.limits);
+}
+
+void validate(const Limits& limits) {
+  // 2^62 keeps every size sum in the frame code below 2^64.
+  constexpr uint64_t kHardLimit = 1ull << 62;
+  XLOCO_ENFORCE(limits.max_tensor_elements <= kHardLimit &&
+                    limits.max_payload_bytes <= kHardLimit &&
+                    limits.max_tensors <= std::numeric_limits<uint32_t>::max() &&
+                    limits.max_name_bytes <= std::numeric_limits<uint16_t>::max() &&
+                    limits.max_rank <= std::numeric_limits<uint8_t>::max(),
+                common::ConfigError,
+                "compress.limits: above what the frame format can carry (elements and payload "
+                "bytes ≤ 2^62, tensors < 2^32, name bytes < 2^16, rank < 256)");
+}
+
+uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size) {
+  switch (codec) {
+    case Codec::kFp32:
+      return 4 * n;
+    case Codec::kBf16:
+      return 2 * n;
+    case Codec::kInt8:
+    case Codec::kInt4: {
+      const uint64_t blocks = n / block_size + (n % block_size != 0);
+      return 4 * blocks + (codec == Codec::kInt8 ? n : n / 2 + n % 2);
+    }
+  }
+  return 0;
+}
+
+uint64_t checked_numel(const Shape& shape, const std::string& name) {
+  constexpr uint64_t kMax = 1ull << 62;
+  uint64_t n = 1;
+  for (const int64_t d : shape) {
+    XLOCO_FRAME_ENFORCE(d >= 0 && static_cast<uint64_t>(d) <= kMax &&
+                            (d == 0 || n <= kMax / static_cast<uint64_t>(d)),
+                        kMismatch, "tensor '{}': dimension {} gives more than 2^62 elements", name,
+                        d);
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+}  // namespace xloco::compress

@@ -1,0 +1,121 @@
+#include "compress/decoder.h"
+
+#include <fmt/ranges.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <new>
+#include <string>
+
+#include "compress/error.h"
+#include "compress/kernels.h"
+
+namespace xloco::compress {
+namespace {
+
+std::string describe_content_size(unsigned long long declared) {
+  if (declared == ZSTD_CONTENTSIZE_ERROR) return "is not a zstd frame";
+  if (declared == ZSTD_CONTENTSIZE_UNKNOWN) return "does not declare its content size";
+  return fmt::format("declares {} content bytes", declared);
+}
+
+}  // namespace
+
+struct Decoder::Zstd {
+  ZSTD_DCtx* dctx = nullptr;
+  ~Zstd() { ZSTD_freeDCtx(dctx); }
+};
+
+Decoder::Decoder(Limits limits) : limits_(limits), zstd_(std::make_unique<Zstd>()) {
+  validate(limits_);
+  zstd_->dctx = ZSTD_createDCtx();
+  if (zstd_->dctx == nullptr) throw std::bad_alloc();
+}
+
+Decoder::~Decoder() = default;
+Decoder::Decoder(Decoder&&) noexcept = default;
+Decoder& Decoder::operator=(Decoder&&) noexcept = default;
+
+FrameInfo Decoder::inspect(const uint8_t* frame, size_t size) const {
+  return parse_frame(frame, size, limits_);
+}
+
+void Decoder::decode(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets) {
+  run(frame, size, targets, false);
+}
+
+void Decoder::decode_add(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets) {
+  run(frame, size, targets, true);
+}
+
+void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
+                  bool add) {
+  const FrameInfo info = parse_frame(frame, size, limits_);
+  XLOCO_FRAME_ENFORCE(targets.size() == info.tensors.size(), kMismatch,
+                      "frame holds {} tensors, {} targets given", info.tensors.size(),
+                      targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const TensorEntry& e = info.tensors[i];
+    const TensorRef& t = targets[i];
+    XLOCO_FRAME_ENFORCE(t.name == e.name, kMismatch, "tensor #{}: frame has '{}', target is '{}'",
+                        i, e.name, t.name);
+    XLOCO_FRAME_ENFORCE(t.shape == e.shape, kMismatch,
+                        "tensor '{}': frame shape [{}], target shape [{}]", e.name,
+                        fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
+    XLOCO_FRAME_ENFORCE(t.data != nullptr || e.numel == 0, kMismatch,
+                        "tensor '{}': target has no buffer for {} elements", e.name, e.numel);
+  }
+
+  // From here the payload size equals what the targets need, so allocating it is bounded.
+  const uint8_t* p = payload(frame, info);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const TensorEntry& e = info.tensors[i];
+    const auto defect = kernels::check(info.codec, p + e.offset, e.numel, info.block_size);
+    if (!defect) continue;
+    const uint64_t at = e.offset + defect->byte_offset;
+    const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
+                                        : fmt::format("frame offset {}", info.stored_offset + at);
+    XLOCO_FRAME_ENFORCE(
+        defect->defect != kernels::Defect::kNonFinite, kNonFinite,
+        "tensor '{}' (#{}): NaN or Inf {} at {}", e.name, i,
+        info.codec == Codec::kInt8 || info.codec == Codec::kInt4 ? "scale" : "value", where);
+    XLOCO_FRAME_ENFORCE(false, kCorrupt,
+                        "tensor '{}' (#{}): block scale at {} is negative or above 2^120", e.name,
+                        i, where);
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const TensorEntry& e = info.tensors[i];
+    kernels::decode(info.codec, p + e.offset, e.numel, info.block_size, targets[i].data, add);
+  }
+}
+
+const uint8_t* Decoder::payload(const uint8_t* frame, const FrameInfo& info) {
+  const uint8_t* stored = frame + info.stored_offset;
+  if (!info.zstd) return stored;
+  const unsigned long long declared = ZSTD_getFrameContentSize(stored, info.stored_bytes);
+  XLOCO_FRAME_ENFORCE(declared == info.payload_bytes, kCorrupt,
+                      "zstd payload at frame offset {} {}, the header declares {} bytes",
+                      info.stored_offset, describe_content_size(declared), info.payload_bytes);
+  const size_t frame_size = ZSTD_findFrameCompressedSize(stored, info.stored_bytes);
+  XLOCO_FRAME_ENFORCE(!ZSTD_isError(frame_size) && frame_size == info.stored_bytes, kCorrupt,
+                      "zstd payload at frame offset {}: {}, the header declares {} bytes",
+                      info.stored_offset,
+                      ZSTD_isError(frame_size) ? ZSTD_getErrorName(frame_size)
+                                               : fmt::format("{} bytes", frame_size),
+                      info.stored_bytes);
+  if (scratch_bytes_ < info.payload_bytes || !scratch_) {
+    scratch_.reset();
+    scratch_bytes_ = std::max<uint64_t>(info.payload_bytes, 1);
+    scratch_.reset(new uint8_t[scratch_bytes_]);
+  }
+  const size_t n = ZSTD_decompressDCtx(zstd_->dctx, scratch_.get(), info.payload_bytes, stored,
+                                       info.stored_bytes);
+  XLOCO_FRAME_ENFORCE(!ZSTD_isError(n) && n == info.payload_bytes, kCorrupt,
+                      "zstd payload at frame offset {}: {}", info.stored_offset,
+                      ZSTD_isError(n)
+                          ? ZSTD_getErrorName(n)
+                          : fmt::format("{} bytes, expected {}", n, info.payload_bytes));
+  return scratch_.get();
+}
+
+}  // namespace xloco::compress

@@ -1,0 +1,58 @@
+// The receiving side of the codec: checks a frame from another machine and writes (or adds)
+// its dequantized values into preallocated fp32 buffers of known names and shapes. Frames are
+// untrusted input: every error is a FrameError, nothing is allocated beyond what the targets
+// themselves need, and on any error the targets are left untouched. Not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "compress/codec.h"
+#include "compress/frame.h"
+#include "compress/tensor_ref.h"
+
+namespace xloco::compress {
+
+class Decoder {
+ public:
+  // Throws common::ConfigError on limits the frame format cannot carry.
+  explicit Decoder(Limits limits = {});
+  ~Decoder();
+  Decoder(Decoder&&) noexcept;
+  Decoder& operator=(Decoder&&) noexcept;
+
+  // Header and table only (names, shapes, codec), with every structural check.
+  FrameInfo inspect(const uint8_t* frame, size_t size) const;
+
+  // targets[i] must have the name and shape of the frame's tensor i. Then the payload is
+  // decompressed (zstd checksum verified) and every value checked finite before the first
+  // target is written. Dequantization is elementwise fp32 (q · scale, one rounding; add mode:
+  // one more), so the same frame gives the same bits on every machine.
+  void decode(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets);
+  void decode(const std::vector<uint8_t>& frame, const std::vector<TensorRef>& targets) {
+    decode(frame.data(), frame.size(), targets);
+  }
+
+  // targets[i] += deq(tensor i). The frame's values are checked finite first, but a sum can
+  // still overflow to ±Inf when a target already holds values near FLT_MAX.
+  void decode_add(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets);
+  void decode_add(const std::vector<uint8_t>& frame, const std::vector<TensorRef>& targets) {
+    decode_add(frame.data(), frame.size(), targets);
+  }
+
+  const Limits& limits() const { return limits_; }
+
+ private:
+  void run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets, bool add);
+  const uint8_t* payload(const uint8_t* frame, const FrameInfo& info);
+
+  Limits limits_;
+  std::unique_ptr<uint8_t[]> scratch_;  // decompressed payload; sized by validated targets
+  uint64_t scratch_bytes_ = 0;
+  struct Zstd;
+  std::unique_ptr<Zstd> zstd_;
+};
+
+}  // namespace xloco::compress

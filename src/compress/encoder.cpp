@@ -1,0 +1,183 @@
+#include "compress/encoder.h"
+
+#include <zstd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <unordered_set>
+
+#include "compress/error.h"
+#include "compress/frame.h"
+#include "compress/kernels.h"
+
+namespace xloco::compress {
+namespace {
+
+// zstd is kept only if it saves at least 1/64 of the payload: on a 100 Mbit/s link that is
+// about where the saved transfer time still beats decompressing it, and a raw payload is read
+// in place by the decoder.
+constexpr uint64_t kMinZstdSaving = 64;
+
+void check_zstd(size_t rc, const char* what) {
+  XLOCO_ENFORCE(!ZSTD_isError(rc), common::ConfigError, "zstd {}: {}", what, ZSTD_getErrorName(rc));
+}
+
+}  // namespace
+
+struct Encoder::Zstd {
+  ZSTD_CCtx* cctx = nullptr;
+  ~Zstd() { ZSTD_freeCCtx(cctx); }
+};
+
+Encoder::Encoder(CodecConfig config) : config_(std::move(config)) {
+  validate(config_);
+  if (config_.zstd_level == 0) return;
+  zstd_ = std::make_unique<Zstd>();
+  zstd_->cctx = ZSTD_createCCtx();
+  if (zstd_->cctx == nullptr) throw std::bad_alloc();
+  check_zstd(ZSTD_CCtx_setParameter(zstd_->cctx, ZSTD_c_compressionLevel, config_.zstd_level),
+             "compression level");
+  check_zstd(ZSTD_CCtx_setParameter(zstd_->cctx, ZSTD_c_checksumFlag, 1), "content checksum");
+  if (config_.zstd_threads > 0) {
+    check_zstd(ZSTD_CCtx_setParameter(zstd_->cctx, ZSTD_c_nbWorkers, config_.zstd_threads),
+               "worker threads (is libzstd built with multithreading?)");
+  }
+}
+
+Encoder::~Encoder() = default;
+Encoder::Encoder(Encoder&&) noexcept = default;
+Encoder& Encoder::operator=(Encoder&&) noexcept = default;
+
+std::vector<uint8_t> Encoder::encode(const std::vector<ConstTensorRef>& inputs) {
+  std::vector<uint8_t> frame;
+  encode(inputs, frame);
+  return frame;
+}
+
+void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint8_t>& frame) {
+  const Limits& limits = config_.limits;
+  XLOCO_FRAME_ENFORCE(inputs.size() <= limits.max_tensors, kOverLimit, "{} tensors, limit {}",
+                      inputs.size(), limits.max_tensors);
+  FrameInfo info;
+  info.codec = config_.codec;
+  info.block_size = config_.block_size;
+  info.tensors.reserve(inputs.size());
+  std::unordered_set<std::string_view> names;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ConstTensorRef& in = inputs[i];
+    XLOCO_FRAME_ENFORCE(names.insert(in.name).second, kMismatch, "tensor '{}' (#{}) appears twice",
+                        in.name, i);
+    XLOCO_FRAME_ENFORCE(in.name.size() <= limits.max_name_bytes, kOverLimit,
+                        "tensor #{}: name of {} bytes, limit {}", i, in.name.size(),
+                        limits.max_name_bytes);
+    XLOCO_FRAME_ENFORCE(in.shape.size() <= limits.max_rank, kOverLimit,
+                        "tensor '{}': rank {}, limit {}", in.name, in.shape.size(),
+                        limits.max_rank);
+    TensorEntry e{in.name, in.shape, in.numel(), offset, 0};
+    for (const int64_t d : in.shape) {
+      XLOCO_FRAME_ENFORCE(static_cast<uint64_t>(d) <= limits.max_tensor_elements, kOverLimit,
+                          "tensor '{}': dimension {}, limit {} elements", in.name, d,
+                          limits.max_tensor_elements);
+    }
+    XLOCO_FRAME_ENFORCE(e.numel <= limits.max_tensor_elements, kOverLimit,
+                        "tensor '{}': {} elements, limit {}", in.name, e.numel,
+                        limits.max_tensor_elements);
+    XLOCO_FRAME_ENFORCE(in.data != nullptr || e.numel == 0, kMismatch,
+                        "tensor '{}': no data for {} elements", in.name, e.numel);
+    e.bytes = tensor_payload_bytes(info.codec, e.numel, info.block_size);
+    offset += e.bytes;
+    XLOCO_FRAME_ENFORCE(offset <= limits.max_payload_bytes, kOverLimit,
+                        "payload reaches {} bytes at tensor '{}', limit {}", offset, in.name,
+                        limits.max_payload_bytes);
+    info.tensors.push_back(std::move(e));
+  }
+  info.payload_bytes = offset;
+
+  // Sizes are checked against all residuals before any of them is created or touched.
+  const bool feedback = config_.error_feedback && config_.codec != Codec::kFp32;
+  if (feedback) {
+    for (const TensorEntry& e : info.tensors) {
+      const auto it = residuals_.find(e.name);
+      XLOCO_FRAME_ENFORCE(it == residuals_.end() || it->second.size() == e.numel, kMismatch,
+                          "tensor '{}' has {} elements, its residual from earlier encodes {}",
+                          e.name, e.numel, it == residuals_.end() ? 0 : it->second.size());
+    }
+  }
+
+  const size_t prefix = frame_prefix_bytes(info.tensors);
+  XLOCO_FRAME_ENFORCE(prefix - kHeaderBytes <= std::numeric_limits<uint32_t>::max(), kOverLimit,
+                      "tensor table of {} bytes, the format carries up to 4 GiB",
+                      prefix - kHeaderBytes);
+  uint8_t* payload = nullptr;
+  if (zstd_) {
+    if (scratch_bytes_ < info.payload_bytes) {
+      scratch_.reset(new uint8_t[info.payload_bytes]);
+      scratch_bytes_ = info.payload_bytes;
+    }
+    payload = scratch_.get();
+  } else {
+    frame.resize(prefix + info.payload_bytes);
+    payload = frame.data() + prefix;
+  }
+
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ConstTensorRef& in = inputs[i];
+    const TensorEntry& e = info.tensors[i];
+    float* residual = feedback ? residual_for(e.name, e.numel) : nullptr;
+    const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size,
+                                        payload + e.offset);
+    if (defect) {
+      // With feedback, the residual holds x + e for the defective block.
+      const float x = in.data[defect->index];
+      const float w = residual != nullptr ? residual[defect->index] : x;
+      reset_residuals();
+      const std::string value = residual == nullptr || !std::isfinite(x)
+                                    ? fmt::format("{}", x)
+                                    : fmt::format("{} + residual = {}", x, w);
+      XLOCO_FRAME_ENFORCE(defect->defect != kernels::Defect::kNonFinite, kNonFinite,
+                          "tensor '{}' (#{}): element {} is {}", e.name, i, defect->index, value);
+      XLOCO_FRAME_ENFORCE(
+          false, kOverLimit, "tensor '{}' (#{}): element {} is {}, beyond the {} range ±{}", e.name,
+          i, defect->index, value, to_string(info.codec), kernels::max_encodable(info.codec));
+    }
+  }
+
+  info.stored_bytes = info.payload_bytes;
+  if (zstd_) {
+    const size_t bound = ZSTD_compressBound(info.payload_bytes);
+    frame.resize(prefix + bound);
+    const size_t c =
+        ZSTD_compress2(zstd_->cctx, frame.data() + prefix, bound, payload, info.payload_bytes);
+    XLOCO_ENFORCE(!ZSTD_isError(c), common::Error, "zstd compression failed: {}",
+                  ZSTD_getErrorName(c));
+    info.zstd = c + info.payload_bytes / kMinZstdSaving < info.payload_bytes;
+    if (info.zstd) {
+      info.stored_bytes = c;
+    } else if (info.payload_bytes != 0) {
+      std::memcpy(frame.data() + prefix, payload, info.payload_bytes);
+    }
+    frame.resize(prefix + info.stored_bytes);
+  }
+  write_frame_prefix(info, frame.data());
+  stats_ = EncodeStats{info.payload_bytes, frame.size(), info.zstd};
+}
+
+float* Encoder::residual_for(const std::string& name, uint64_t numel) {
+  auto it = residuals_.find(name);
+  if (it == residuals_.end()) it = residuals_.emplace(name, std::vector<float>(numel)).first;
+  return it->second.data();
+}
+
+const std::vector<float>* Encoder::residual(std::string_view name) const {
+  const auto it = residuals_.find(std::string(name));
+  return it == residuals_.end() ? nullptr : &it->second;
+}
+
+void Encoder::reset_residuals() {
+  for (auto& [name, r] : residuals_) std::fill(r.begin(), r.end(), 0.0f);
+}
+
+}  // namespace xloco::compress

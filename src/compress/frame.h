@@ -1,0 +1,62 @@
+// The codec frame on the wire (design §6): a fixed header, a tensor table, then the payload,
+// stored as one zstd frame (content checksum on) or raw. This file owns the byte layout and
+// every structural check; it neither quantizes nor decompresses.
+//
+// All integers little-endian. Header (36 bytes):
+//   0  "XLCF"   4  u16 version   6  u8 codec   7  u8 flags (bit 0: payload is zstd)
+//   8  u32 block_size   12 u32 tensor_count   16 u32 table_bytes
+//   20 u64 payload_bytes (uncompressed)   28 u64 stored_bytes (what follows the table)
+// Table entry, tensor_count times:
+//   u16 name_len, name bytes, u8 rank, u64 dims[rank], u64 offset, u64 bytes (in the payload)
+// Per tensor payload: fp32 4n bytes; bf16 2n; int8 4·blocks scales then n bytes;
+//   int4 4·blocks scales then ceil(n/2) bytes (element 2k in the low nibble, stored as q + 8).
+// Tensors are packed in table order without gaps; the frame ends exactly after stored_bytes.
+// A raw payload (zstd did not pay) has no checksum of its own: the transport authenticates
+// every byte (CURVE, design §7); the decoder still checks every value it writes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compress/codec.h"
+#include "compress/tensor_ref.h"
+
+namespace xloco::compress {
+
+inline constexpr char kFrameMagic[4] = {'X', 'L', 'C', 'F'};
+inline constexpr uint16_t kFormatVersion = 1;
+inline constexpr size_t kHeaderBytes = 36;
+inline constexpr uint8_t kFlagZstd = 1;
+
+struct TensorEntry {
+  std::string name;
+  Shape shape;
+  uint64_t numel = 0;
+  uint64_t offset = 0;  // in the uncompressed payload
+  uint64_t bytes = 0;
+};
+
+struct FrameInfo {
+  Codec codec = Codec::kFp32;
+  uint32_t block_size = 0;
+  bool zstd = false;           // payload stored as a zstd frame, else raw
+  uint64_t payload_bytes = 0;  // uncompressed
+  uint64_t stored_bytes = 0;   // as on the wire
+  uint64_t stored_offset = 0;  // frame offset of the stored payload
+  std::vector<TensorEntry> tensors;
+};
+
+// Reads and checks header and table against `limits`: magic, version, codec, flags, every
+// declared count and size (before anything is allocated for it), that offsets tile the
+// payload and that the frame ends exactly after it. Throws FrameError; never reads the payload.
+FrameInfo parse_frame(const uint8_t* frame, size_t size, const Limits& limits);
+
+// Bytes that header plus table take for these entries.
+size_t frame_prefix_bytes(const std::vector<TensorEntry>& tensors);
+
+// Writes header and table (frame_prefix_bytes(info.tensors) bytes) to `out`.
+void write_frame_prefix(const FrameInfo& info, uint8_t* out);
+
+}  // namespace xloco::compress

@@ -1,0 +1,380 @@
+#include "compress/kernels.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
+
+// Hot loops get an AVX2 clone picked at load time; the portable SSE2 one stays the default.
+// Neither enables FMA, and the build uses -ffp-contract=off, so both give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define XLOCO_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define XLOCO_HOT
+#endif
+
+namespace xloco::compress::kernels {
+namespace {
+
+// Payload bytes sit at any offset of a frame: these GCC/Clang types read and write them
+// unaligned without breaking strict aliasing (UBSan agrees), and, unlike memcpy into locals,
+// GCC vectorizes loops over them.
+struct __attribute__((packed, may_alias)) WireU16 {
+  uint16_t v;
+};
+struct __attribute__((packed, may_alias)) WireU32 {
+  uint32_t v;
+};
+struct __attribute__((packed, may_alias)) WireF32 {
+  float v;
+};
+
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr int32_t kInfBits = 0x7f800000;
+constexpr uint16_t kBf16InfBits = 0x7f80u;
+// Adding then subtracting 1.5·2^23 rounds to the nearest integer (ties to even) for |v| < 2^22,
+// in plain float math that vectorizes without SSE4.1's roundps.
+constexpr float kRoundMagic = 12582912.0f;
+// fp32 and bf16 have no blocks; they are checked in chunks that stay in L1.
+constexpr uint32_t kChunk = 2048;
+
+inline uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+inline float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+inline uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+
+// The largest |v| as bits: for non-negative floats the integer order is the float order, and
+// NaN and Inf sort above every finite value, so one integer max both finds the absmax and
+// detects non-finite input, and it vectorizes where a float max reduction would not. (Signed,
+// because SSE2 has no unsigned 32-bit compare; the values fit in 31 bits.)
+XLOCO_HOT int32_t max_abs_bits(const float* __restrict w, uint32_t len) {
+  int32_t mx = 0;
+  for (uint32_t i = 0; i < len; ++i) {
+    const auto b = static_cast<int32_t>(bits_of(w[i]) & kAbsMask);
+    mx = b > mx ? b : mx;
+  }
+  return mx;
+}
+
+// w ← x + w, returning max_abs_bits of the new w.
+XLOCO_HOT int32_t add_max_abs_bits(const float* __restrict x, float* __restrict w, uint32_t len) {
+  int32_t mx = 0;
+  for (uint32_t i = 0; i < len; ++i) {
+    w[i] = x[i] + w[i];
+    const auto b = static_cast<int32_t>(bits_of(w[i]) & kAbsMask);
+    mx = b > mx ? b : mx;
+  }
+  return mx;
+}
+
+// The first element of w that is non-finite or above `limit` in magnitude (cold path).
+EncodeDefect first_defect(const float* w, uint64_t len, float limit, uint64_t start) {
+  for (uint64_t i = 0; i < len; ++i) {
+    if (!std::isfinite(w[i])) return {Defect::kNonFinite, start + i};
+    if (std::fabs(w[i]) > limit) return {Defect::kOutOfRange, start + i};
+  }
+  return {Defect::kNonFinite, start + len};
+}
+
+struct BlockScale {
+  float scale;
+  float inv;
+};
+
+// absmax ≤ levels · kMaxScale (checked by the caller) keeps the scale ≤ kMaxScale: both are
+// powers of two times levels, so the division is exact at the boundary.
+inline BlockScale block_scale(float absmax, float levels) {
+  if (!(absmax >= kMinAbsmax)) return {0.0f, 0.0f};
+  return {absmax / levels, levels / absmax};
+}
+
+// v·inv rounded to an integer in [−levels, levels]. The clamp is on the integer, where it
+// compiles to pmaxsd/pminsd; a float std::min/max must keep NaN semantics and becomes
+// compare-and-blend. (With inv = levels / absmax it never triggers; it guards the cast.)
+inline int32_t quantize_value(float v, float inv, int32_t levels) {
+  const auto q = static_cast<int32_t>((v * inv + kRoundMagic) - kRoundMagic);
+  return std::min(std::max(q, -levels), levels);
+}
+
+XLOCO_HOT void quantize_int8(const float* __restrict w, uint32_t len, float inv,
+                             uint8_t* __restrict q) {
+  for (uint32_t i = 0; i < len; ++i) q[i] = static_cast<uint8_t>(quantize_value(w[i], inv, 127));
+}
+
+// The feedback variant updates w in place, so it takes one pointer and needs no alias check.
+// w − q·scale is the decoder's q·scale exactly (one rounding, no FMA), so the residual is what
+// the receiver is missing.
+XLOCO_HOT void quantize_int8_feedback(float* __restrict w, uint32_t len, float scale, float inv,
+                                      uint8_t* __restrict q) {
+  for (uint32_t i = 0; i < len; ++i) {
+    const int32_t r = quantize_value(w[i], inv, 127);
+    q[i] = static_cast<uint8_t>(r);
+    w[i] = w[i] - static_cast<float>(r) * scale;
+  }
+}
+
+inline uint8_t pack_nibbles(int32_t lo, int32_t hi) {
+  return static_cast<uint8_t>((lo + 8) | ((hi + 8) << 4));
+}
+
+XLOCO_HOT void quantize_int4(const float* __restrict w, uint32_t len, float inv,
+                             uint8_t* __restrict q) {
+  for (uint32_t k = 0; k < len / 2; ++k) {
+    q[k] = pack_nibbles(quantize_value(w[2 * k], inv, 7), quantize_value(w[2 * k + 1], inv, 7));
+  }
+  if (len % 2 != 0) q[len / 2] = static_cast<uint8_t>(quantize_value(w[len - 1], inv, 7) + 8);
+}
+
+XLOCO_HOT void quantize_int4_feedback(float* __restrict w, uint32_t len, float scale, float inv,
+                                      uint8_t* __restrict q) {
+  for (uint32_t k = 0; k < len / 2; ++k) {
+    const int32_t r0 = quantize_value(w[2 * k], inv, 7);
+    const int32_t r1 = quantize_value(w[2 * k + 1], inv, 7);
+    q[k] = pack_nibbles(r0, r1);
+    w[2 * k] = w[2 * k] - static_cast<float>(r0) * scale;
+    w[2 * k + 1] = w[2 * k + 1] - static_cast<float>(r1) * scale;
+  }
+  if (len % 2 != 0) {
+    const int32_t r = quantize_value(w[len - 1], inv, 7);
+    q[len / 2] = static_cast<uint8_t>(r + 8);
+    w[len - 1] = w[len - 1] - static_cast<float>(r) * scale;
+  }
+}
+
+// Round to nearest even; a finite value that rounds past bf16's largest finite value is
+// clamped to it, so the encoder never emits an Inf that its peers would refuse.
+inline uint16_t to_bf16(float v) {
+  const uint32_t b = bits_of(v);
+  uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  r = (r & kBf16InfBits) == kBf16InfBits ? ((r & 0x8000u) | 0x7f7fu) : r;
+  return static_cast<uint16_t>(r);
+}
+inline float from_bf16(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+
+XLOCO_HOT void encode_bf16(const float* __restrict w, uint32_t len, uint8_t* __restrict out) {
+  auto* h = reinterpret_cast<WireU16*>(out);
+  for (uint32_t i = 0; i < len; ++i) h[i].v = to_bf16(w[i]);
+}
+
+XLOCO_HOT void encode_bf16_feedback(float* __restrict w, uint32_t len, uint8_t* __restrict out) {
+  auto* h = reinterpret_cast<WireU16*>(out);
+  for (uint32_t i = 0; i < len; ++i) {
+    const uint16_t r = to_bf16(w[i]);
+    h[i].v = r;
+    w[i] = w[i] - from_bf16(r);
+  }
+}
+
+// fp32 and bf16: chunks of kChunk; with a residual, x + e is formed in e, then encoded.
+std::optional<EncodeDefect> encode_elementwise(Codec codec, const float* x, float* residual,
+                                               uint64_t n, uint8_t* out) {
+  const uint64_t width = codec == Codec::kFp32 ? 4 : 2;
+  for (uint64_t start = 0; start < n; start += kChunk) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(kChunk, n - start));
+    float* w = residual != nullptr ? residual + start : nullptr;
+    const int32_t mx =
+        w != nullptr ? add_max_abs_bits(x + start, w, len) : max_abs_bits(x + start, len);
+    const float* src = w != nullptr ? w : x + start;
+    if (mx >= kInfBits) return first_defect(src, len, FLT_MAX, start);
+    uint8_t* dst = out + width * start;
+    if (codec == Codec::kFp32) {
+      std::memcpy(dst, src, 4 * static_cast<size_t>(len));
+      if (w != nullptr) std::fill(w, w + len, 0.0f);
+    } else if (w != nullptr) {
+      encode_bf16_feedback(w, len, dst);
+    } else {
+      encode_bf16(src, len, dst);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<EncodeDefect> encode_blockwise(Codec codec, const float* x, float* residual,
+                                             uint64_t n, uint32_t block_size, uint8_t* out) {
+  const float levels = codec == Codec::kInt8 ? 127.0f : 7.0f;
+  const float limit = max_encodable(codec);
+  const uint64_t blocks = ceil_div(n, block_size);
+  uint8_t* q = out + 4 * blocks;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t start = b * block_size;
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
+    float* w = residual != nullptr ? residual + start : nullptr;
+    const int32_t mx =
+        w != nullptr ? add_max_abs_bits(x + start, w, len) : max_abs_bits(x + start, len);
+    const float* src = w != nullptr ? w : x + start;
+    const float absmax = float_of(static_cast<uint32_t>(mx));
+    if (mx >= kInfBits || absmax > limit) return first_defect(src, len, limit, start);
+    const BlockScale s = block_scale(absmax, levels);
+    reinterpret_cast<WireF32*>(out)[b].v = s.scale;
+    if (codec == Codec::kInt8 && w != nullptr) {
+      quantize_int8_feedback(w, len, s.scale, s.inv, q + start);
+    } else if (codec == Codec::kInt8) {
+      quantize_int8(src, len, s.inv, q + start);
+    } else if (w != nullptr) {
+      quantize_int4_feedback(w, len, s.scale, s.inv, q + start / 2);
+    } else {
+      quantize_int4(src, len, s.inv, q + start / 2);
+    }
+  }
+  return std::nullopt;
+}
+
+XLOCO_HOT bool any_non_finite_fp32(const uint8_t* __restrict p, uint32_t len) {
+  const auto* v = reinterpret_cast<const WireU32*>(p);
+  int bad = 0;
+  for (uint32_t i = 0; i < len; ++i) bad |= static_cast<int32_t>(v[i].v & kAbsMask) >= kInfBits;
+  return bad != 0;
+}
+
+XLOCO_HOT bool any_non_finite_bf16(const uint8_t* __restrict p, uint32_t len) {
+  const auto* h = reinterpret_cast<const WireU16*>(p);
+  int bad = 0;
+  for (uint32_t i = 0; i < len; ++i) bad |= (h[i].v & kBf16InfBits) == kBf16InfBits;
+  return bad != 0;
+}
+
+std::optional<PayloadDefect> check_elementwise(Codec codec, const uint8_t* p, uint64_t n) {
+  const uint64_t width = codec == Codec::kFp32 ? 4 : 2;
+  for (uint64_t start = 0; start < n; start += kChunk) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(kChunk, n - start));
+    const uint8_t* chunk = p + width * start;
+    const bool bad =
+        codec == Codec::kFp32 ? any_non_finite_fp32(chunk, len) : any_non_finite_bf16(chunk, len);
+    if (!bad) continue;
+    for (uint32_t i = 0; i < len; ++i) {
+      const float v = codec == Codec::kFp32
+                          ? reinterpret_cast<const WireF32*>(chunk)[i].v
+                          : from_bf16(reinterpret_cast<const WireU16*>(chunk)[i].v);
+      if (!std::isfinite(v)) return PayloadDefect{Defect::kNonFinite, width * (start + i)};
+    }
+  }
+  return std::nullopt;
+}
+
+XLOCO_HOT void decode_fp32_add(const uint8_t* __restrict p, uint64_t n, float* __restrict out) {
+  const auto* v = reinterpret_cast<const WireF32*>(p);
+  for (uint64_t i = 0; i < n; ++i) out[i] = out[i] + v[i].v;
+}
+
+XLOCO_HOT void decode_bf16(const uint8_t* __restrict p, uint64_t n, float* __restrict out,
+                           bool add) {
+  const auto* h = reinterpret_cast<const WireU16*>(p);
+  if (add) {
+    for (uint64_t i = 0; i < n; ++i) out[i] = out[i] + from_bf16(h[i].v);
+  } else {
+    for (uint64_t i = 0; i < n; ++i) out[i] = from_bf16(h[i].v);
+  }
+}
+
+XLOCO_HOT void dequantize_int8(const uint8_t* __restrict q, uint32_t len, float scale,
+                               float* __restrict out, bool add) {
+  if (add) {
+    for (uint32_t i = 0; i < len; ++i) {
+      out[i] = out[i] + static_cast<float>(static_cast<int8_t>(q[i])) * scale;
+    }
+  } else {
+    for (uint32_t i = 0; i < len; ++i) {
+      out[i] = static_cast<float>(static_cast<int8_t>(q[i])) * scale;
+    }
+  }
+}
+
+XLOCO_HOT void dequantize_int4(const uint8_t* __restrict q, uint32_t len, float scale,
+                               float* __restrict out, bool add) {
+  const uint32_t pairs = len / 2;
+  if (add) {
+    for (uint32_t k = 0; k < pairs; ++k) {
+      out[2 * k] = out[2 * k] + static_cast<float>((q[k] & 15) - 8) * scale;
+      out[2 * k + 1] = out[2 * k + 1] + static_cast<float>((q[k] >> 4) - 8) * scale;
+    }
+  } else {
+    for (uint32_t k = 0; k < pairs; ++k) {
+      out[2 * k] = static_cast<float>((q[k] & 15) - 8) * scale;
+      out[2 * k + 1] = static_cast<float>((q[k] >> 4) - 8) * scale;
+    }
+  }
+  if (len % 2 != 0) {
+    const float v = static_cast<float>((q[pairs] & 15) - 8) * scale;
+    out[len - 1] = add ? out[len - 1] + v : v;
+  }
+}
+
+}  // namespace
+
+float max_encodable(Codec codec) {
+  switch (codec) {
+    case Codec::kInt8:
+      return 127.0f * kMaxScale;
+    case Codec::kInt4:
+      return 7.0f * kMaxScale;
+    case Codec::kFp32:
+    case Codec::kBf16:
+      break;
+  }
+  return FLT_MAX;
+}
+
+std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
+                                   uint32_t block_size, uint8_t* out) {
+  if (codec == Codec::kFp32 || codec == Codec::kBf16) {
+    return encode_elementwise(codec, x, residual, n, out);
+  }
+  return encode_blockwise(codec, x, residual, n, block_size, out);
+}
+
+std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
+                                   uint32_t block_size) {
+  if (codec == Codec::kFp32 || codec == Codec::kBf16) {
+    return check_elementwise(codec, payload, n);
+  }
+  const uint64_t blocks = ceil_div(n, block_size);
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const float s = reinterpret_cast<const WireF32*>(payload)[b].v;
+    if (!std::isfinite(s)) return PayloadDefect{Defect::kNonFinite, 4 * b};
+    if (!(s >= 0.0f && s <= kMaxScale)) return PayloadDefect{Defect::kBadScale, 4 * b};
+  }
+  return std::nullopt;
+}
+
+void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
+            bool add) {
+  switch (codec) {
+    case Codec::kFp32:
+      if (add) {
+        decode_fp32_add(payload, n, out);
+      } else if (n != 0) {
+        std::memcpy(out, payload, 4 * n);
+      }
+      return;
+    case Codec::kBf16:
+      decode_bf16(payload, n, out, add);
+      return;
+    case Codec::kInt8:
+    case Codec::kInt4: {
+      const uint64_t blocks = ceil_div(n, block_size);
+      const uint8_t* q = payload + 4 * blocks;
+      for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t start = b * block_size;
+        const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
+        const float s = reinterpret_cast<const WireF32*>(payload)[b].v;
+        if (codec == Codec::kInt8) {
+          dequantize_int8(q + start, len, s, out + start, add);
+        } else {
+          dequantize_int4(q + start / 2, len, s, out + start, add);
+        }
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace xloco::compress::kernels

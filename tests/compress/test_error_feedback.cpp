@@ -1,0 +1,115 @@
+// Error feedback (design §2): what the receiver sums over rounds equals what the sender was
+// given, minus the one residual still held back.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "compress/decoder.h"
+#include "compress/encoder.h"
+#include "compress/error.h"
+#include "helpers.h"
+
+namespace xloco::compress {
+namespace {
+
+using testing::heavy_tailed;
+using testing::TensorSet;
+
+constexpr int kRounds = 50;
+
+struct Drift {
+  double max_violation = 0;  // of the telescoping identity, in units of its tolerance
+  double abs_error = 0;      // Σ|Σdeq − Σx| over elements
+};
+
+Drift run_rounds(Codec codec, bool feedback) {
+  CodecConfig config;
+  config.codec = codec;
+  config.error_feedback = feedback;
+  Encoder enc(config);
+  Decoder dec;
+  const size_t n = 3000;
+  std::vector<double> sum_x(n), sum_deq(n), sum_abs(n);
+  TensorSet in, out;
+  in.add("w", {static_cast<int64_t>(n)}, {});
+  out.add("w", {static_cast<int64_t>(n)}, std::vector<float>(n));
+  for (int t = 0; t < kRounds; ++t) {
+    in.data[0] = heavy_tailed(n, 1000 + t);
+    const auto frame = enc.encode(in.inputs());
+    dec.decode(frame, out.targets());
+    const std::vector<float>* e = enc.residual("w");
+    for (size_t i = 0; i < n; ++i) {
+      sum_x[i] += in.data[0][i];
+      sum_abs[i] += std::fabs(in.data[0][i]) + (e != nullptr ? 2 * std::fabs((*e)[i]) : 0.0);
+      sum_deq[i] += out.data[0][i];
+    }
+  }
+  const std::vector<float>* e = enc.residual("w");
+  Drift d;
+  for (size_t i = 0; i < n; ++i) {
+    const double residual = e != nullptr ? (*e)[i] : 0.0;
+    // Each round rounds x + e and (x + e) − deq once in fp32, so each adds at most 2^-24 of
+    // |x| + 2|e| (summed in sum_abs) to the identity; 2^-22 leaves a factor 4 of margin.
+    const double tol = std::ldexp(sum_abs[i], -22) + 1e-30;
+    d.max_violation =
+        std::max(d.max_violation, std::fabs(sum_deq[i] - (sum_x[i] - residual)) / tol);
+    d.abs_error += std::fabs(sum_deq[i] - sum_x[i]);
+  }
+  return d;
+}
+
+TEST_SUITE("error_feedback") {
+  TEST_CASE("sum of decoded frames = sum of inputs − final residual over 50 encodes") {
+    for (const Codec codec : {Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+      CAPTURE(to_string(codec));
+      CHECK(run_rounds(codec, true).max_violation <= 1.0);
+    }
+  }
+
+  TEST_CASE("without feedback the quantization error accumulates instead") {
+    for (const Codec codec : {Codec::kInt8, Codec::kInt4}) {
+      CAPTURE(to_string(codec));
+      const Drift with = run_rounds(codec, true);
+      const Drift without = run_rounds(codec, false);
+      MESSAGE(to_string(codec) << ": Σ|Σdeq − Σx| with feedback " << with.abs_error << ", without "
+                               << without.abs_error);
+      CHECK(with.abs_error * 3 < without.abs_error);
+    }
+  }
+
+  TEST_CASE("residuals: none for fp32, readable, resettable, shape-checked") {
+    TensorSet in;
+    in.add("a", {300}, heavy_tailed(300, 1));
+    CodecConfig config;
+    config.codec = Codec::kFp32;
+    Encoder fp32(config);
+    fp32.encode(in.inputs());
+    CHECK(fp32.residual("a") == nullptr);
+
+    config.codec = Codec::kInt4;
+    Encoder enc(config);
+    CHECK(enc.residual("a") == nullptr);
+    enc.encode(in.inputs());
+    const std::vector<float>* e = enc.residual("a");
+    REQUIRE(e != nullptr);
+    REQUIRE(e->size() == 300);
+    double norm = 0;
+    for (const float v : *e) norm += std::fabs(v);
+    CHECK(norm > 0);
+    enc.reset_residuals();
+    for (const float v : *enc.residual("a")) CHECK(v == 0.0f);
+
+    TensorSet other;
+    other.add("a", {301}, heavy_tailed(301, 2));
+    try {
+      enc.encode(other.inputs());
+      FAIL("shape change accepted");
+    } catch (const FrameError& err) {
+      CHECK(err.kind() == FrameErrorKind::kMismatch);
+      CHECK(std::string(err.what()).find("'a'") != std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace xloco::compress

@@ -1,0 +1,302 @@
+// Frames from other organisations' machines: every malformed input gives its own FrameError
+// kind, allocates nothing it declares, and leaves the targets untouched.
+#include <doctest/doctest.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "alloc_probe.h"
+#include "compress/decoder.h"
+#include "compress/encoder.h"
+#include "compress/error.h"
+#include "compress/frame.h"
+#include "helpers.h"
+
+namespace xloco::compress {
+namespace {
+
+using testing::get;
+using testing::model_like;
+using testing::put;
+using testing::TensorSet;
+
+constexpr size_t kPayloadBytesAt = 20;
+constexpr size_t kStoredBytesAt = 28;
+
+std::vector<uint8_t> make_frame(Codec codec, int zstd_level, const TensorSet& in) {
+  CodecConfig c;
+  c.codec = codec;
+  c.zstd_level = zstd_level;
+  return Encoder(c).encode(in.inputs());
+}
+
+// Decodes `frame` into a copy of `like` filled with a sentinel and returns the error kind;
+// checks that a failed decode wrote nothing.
+std::optional<FrameErrorKind> decode_kind(const uint8_t* frame, size_t size, const TensorSet& like,
+                                          const Limits& limits = {}) {
+  TensorSet out = like.like(42.0f);
+  Decoder dec(limits);
+  try {
+    dec.decode(frame, size, out.targets());
+  } catch (const FrameError& e) {
+    bool untouched = true;
+    for (const auto& d : out.data) {
+      for (const float v : d) untouched = untouched && v == 42.0f;
+    }
+    REQUIRE(untouched);
+    return e.kind();
+  }
+  return std::nullopt;
+}
+
+std::optional<FrameErrorKind> decode_kind(const std::vector<uint8_t>& frame, const TensorSet& like,
+                                          const Limits& limits = {}) {
+  return decode_kind(frame.data(), frame.size(), like, limits);
+}
+
+// A raw frame with its payload zstd-compressed afterwards, so that payload edits made on the
+// raw frame reach the decoder through zstd as well.
+std::vector<uint8_t> recompress(const std::vector<uint8_t>& raw) {
+  const FrameInfo info = parse_frame(raw.data(), raw.size(), Limits{});
+  std::vector<uint8_t> out(raw.begin(), raw.begin() + static_cast<long>(info.stored_offset));
+  out.resize(info.stored_offset + ZSTD_compressBound(info.payload_bytes));
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  const size_t c =
+      ZSTD_compress2(cctx, out.data() + info.stored_offset, out.size() - info.stored_offset,
+                     raw.data() + info.stored_offset, info.payload_bytes);
+  ZSTD_freeCCtx(cctx);
+  REQUIRE_FALSE(ZSTD_isError(c));
+  out.resize(info.stored_offset + c);
+  out[7] = kFlagZstd;
+  put<uint64_t>(out, kStoredBytesAt, c);
+  return out;
+}
+
+TEST_SUITE("hostile") {
+  TEST_CASE("a valid frame truncated at every byte offset is Truncated") {
+    const TensorSet in = model_like(1);
+    for (const Codec codec : {Codec::kFp32, Codec::kInt8, Codec::kInt4}) {
+      for (const int level : {0, 1}) {
+        const auto frame = make_frame(codec, level, in);
+        REQUIRE(decode_kind(frame, in) == std::nullopt);
+        for (size_t len = 0; len < frame.size(); ++len) {
+          const auto kind = decode_kind(frame.data(), len, in);
+          if (kind != FrameErrorKind::kTruncated) {
+            FAIL_CHECK("frame cut to " << len << " of " << frame.size() << " bytes: kind "
+                                       << (kind ? static_cast<int>(*kind) : -1));
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("wrong magic, version, codec, flags, block size, trailing bytes") {
+    const TensorSet in = model_like(2);
+    const auto good = make_frame(Codec::kInt8, 1, in);
+    auto f = good;
+    f[0] = 'Y';
+    CHECK(decode_kind(f, in) == FrameErrorKind::kBadMagic);
+    f = good;
+    put<uint16_t>(f, 4, 2);
+    CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
+    f = good;
+    f[6] = 4;
+    CHECK(decode_kind(f, in) == FrameErrorKind::kUnknownCodec);
+    f[6] = 255;
+    CHECK(decode_kind(f, in) == FrameErrorKind::kUnknownCodec);
+    f = good;
+    f[7] |= 0x80;
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    f = good;
+    put<uint32_t>(f, 8, 0);
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    f = good;
+    put<uint32_t>(f, 8, 128);  // valid, but the table's byte ranges no longer add up
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    f = good;
+    f.push_back(0);
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    f = good;
+    f[7] = 0;  // claims raw, but stores fewer bytes than the payload
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+  }
+
+  TEST_CASE("declared sizes over the limits are refused before any allocation") {
+    const TensorSet in = model_like(3);
+    const auto good = make_frame(Codec::kInt8, 1, in);
+    const auto expect_over_limit = [&](const std::vector<uint8_t>& f, const Limits& limits) {
+      testing::reset_largest_allocation();
+      CHECK(decode_kind(f, in, limits) == FrameErrorKind::kOverLimit);
+      CHECK(testing::largest_allocation() < (64u << 10));
+    };
+    auto f = good;
+    put<uint64_t>(f, kPayloadBytesAt, 1ull << 60);
+    expect_over_limit(f, {});
+    f = good;
+    put<uint32_t>(f, 12, std::numeric_limits<uint32_t>::max());  // tensor count
+    expect_over_limit(f, {});
+    f = good;
+    // First dimension of the first tensor: header, u16 name length, name, u8 rank.
+    const size_t dim0 = kHeaderBytes + 2 + in.names[0].size() + 1;
+    put<uint64_t>(f, dim0, 1ull << 60);
+    expect_over_limit(f, {});
+    Limits small;
+    small.max_name_bytes = 8;
+    expect_over_limit(good, small);
+    small = {};
+    small.max_payload_bytes = 1000;
+    expect_over_limit(good, small);
+    small = {};
+    small.max_rank = 1;
+    expect_over_limit(good, small);
+  }
+
+  TEST_CASE("a zstd frame declaring a huge content size is Corrupt, not an allocation") {
+    const TensorSet in = model_like(4);
+    auto f = make_frame(Codec::kInt8, 1, in);
+    const FrameInfo info = parse_frame(f.data(), f.size(), {});
+    REQUIRE(info.zstd);
+    // Replace the stored zstd frame by one that declares 2^40 content bytes.
+    std::vector<uint8_t> bomb(f.begin(), f.begin() + static_cast<long>(info.stored_offset));
+    // Magic, descriptor (8-byte content size, window byte, checksum), window, size 2^40.
+    const uint8_t zstd_header[] = {0x28, 0xb5, 0x2f, 0xfd, 0xc4, 0, 0, 0, 0, 0, 0, 1, 0, 0};
+    bomb.insert(bomb.end(), std::begin(zstd_header), std::end(zstd_header));
+    put<uint64_t>(bomb, kStoredBytesAt, sizeof(zstd_header));
+    testing::reset_largest_allocation();
+    CHECK(decode_kind(bomb, in) == FrameErrorKind::kCorrupt);
+    CHECK(testing::largest_allocation() < (64u << 10));
+  }
+
+  TEST_CASE("corrupted zstd payload bytes are Corrupt (content checksum)") {
+    const TensorSet in = model_like(5);
+    const auto good = make_frame(Codec::kInt8, 1, in);
+    const FrameInfo info = parse_frame(good.data(), good.size(), {});
+    REQUIRE(info.zstd);
+    TensorSet clean = in.like(0.0f);
+    Decoder().decode(good, clean.targets());
+    size_t caught = 0;
+    for (size_t at = info.stored_offset; at < good.size(); ++at) {
+      auto f = good;
+      f[at] ^= 0x20;
+      const auto kind = decode_kind(f, in);
+      if (kind) {
+        REQUIRE(*kind == FrameErrorKind::kCorrupt);
+        ++caught;
+      } else {
+        // A flip zstd cannot notice (e.g. a window size unused by one-shot decoding) must not
+        // change the decoded values.
+        TensorSet out = in.like(0.0f);
+        Decoder().decode(f, out.targets());
+        REQUIRE(out.data == clean.data);
+      }
+    }
+    MESSAGE(caught << " of " << info.stored_bytes << " single-byte flips rejected");
+    CHECK(caught >= info.stored_bytes - 4);
+  }
+
+  TEST_CASE("NaN and Inf in a frame are NonFinite, raw and zstd") {
+    TensorSet in;
+    in.add("a", {10}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+    const auto reference = make_frame(Codec::kFp32, 0, in);
+    const FrameInfo info = parse_frame(reference.data(), reference.size(), {});
+    for (const float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+          -std::numeric_limits<float>::infinity()}) {
+      auto fp32 = make_frame(Codec::kFp32, 0, in);
+      put<float>(fp32, info.stored_offset + 4 * 7, bad);
+      CHECK(decode_kind(fp32, in) == FrameErrorKind::kNonFinite);
+      CHECK(decode_kind(recompress(fp32), in) == FrameErrorKind::kNonFinite);
+
+      auto int8 = make_frame(Codec::kInt8, 0, in);
+      put<float>(int8, info.stored_offset, bad);  // the only block's scale
+      CHECK(decode_kind(int8, in) == FrameErrorKind::kNonFinite);
+      CHECK(decode_kind(recompress(int8), in) == FrameErrorKind::kNonFinite);
+    }
+    auto bf16 = make_frame(Codec::kBf16, 0, in);
+    put<uint16_t>(bf16, info.stored_offset + 2 * 3, 0xff80);  // −Inf
+    CHECK(decode_kind(bf16, in) == FrameErrorKind::kNonFinite);
+    put<uint16_t>(bf16, info.stored_offset + 2 * 3, 0x7fc1);  // NaN
+    CHECK(decode_kind(bf16, in) == FrameErrorKind::kNonFinite);
+
+    auto int4 = make_frame(Codec::kInt4, 0, in);
+    put<float>(int4, info.stored_offset, -1.0f);
+    CHECK(decode_kind(int4, in) == FrameErrorKind::kCorrupt);
+    put<float>(int4, info.stored_offset, 1e37f);  // q · scale could overflow
+    CHECK(decode_kind(int4, in) == FrameErrorKind::kCorrupt);
+  }
+
+  TEST_CASE("NaN and Inf given to the encoder are NonFinite, naming the tensor") {
+    TensorSet in = model_like(6);
+    in.data[2][100] = std::numeric_limits<float>::quiet_NaN();
+    for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+      CodecConfig c;
+      c.codec = codec;
+      Encoder enc(c);
+      try {
+        enc.encode(in.inputs());
+        FAIL("NaN accepted");
+      } catch (const FrameError& e) {
+        CHECK(e.kind() == FrameErrorKind::kNonFinite);
+        CHECK(std::string(e.what()).find("transformer.h.0.attn.c_attn.weight") !=
+              std::string::npos);
+        CHECK(std::string(e.what()).find("element 100") != std::string::npos);
+      }
+      if (codec == Codec::kInt8) {
+        const std::vector<float>& r = *enc.residual(in.names[0]);
+        CHECK(std::all_of(r.begin(), r.end(), [](float v) { return v == 0.0f; }));
+      }
+    }
+  }
+
+  TEST_CASE("wrong names, shapes or counts are Mismatch") {
+    const TensorSet in = model_like(7);
+    const auto frame = make_frame(Codec::kInt4, 1, in);
+    TensorSet t = in;
+    t.names[1] = "transformer.h.0.ln_2.weight";
+    CHECK(decode_kind(frame, t) == FrameErrorKind::kMismatch);
+    t = in;
+    t.shapes[0] = {33, 256};
+    CHECK(decode_kind(frame, t) == FrameErrorKind::kMismatch);
+    t = in;
+    t.shapes[3] = {1};  // a scalar is not a 1-vector
+    CHECK(decode_kind(frame, t) == FrameErrorKind::kMismatch);
+    t = in;
+    t.add("extra", {1}, {0});
+    CHECK(decode_kind(frame, t) == FrameErrorKind::kMismatch);
+    TensorSet dup;
+    dup.add("x", {1}, {1});
+    dup.add("x", {1}, {2});
+    CHECK_THROWS_AS(Encoder(CodecConfig{}).encode(dup.inputs()), FrameError);
+  }
+
+  TEST_CASE("random byte edits of valid frames only ever throw FrameError") {
+    const TensorSet in = model_like(8);
+    std::mt19937 rng(99);
+    size_t rejected = 0;
+    for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+      for (const int level : {0, 1}) {
+        const auto good = make_frame(codec, level, in);
+        for (int trial = 0; trial < 300; ++trial) {
+          auto f = good;
+          const int edits = 1 + static_cast<int>(rng() % 4);
+          for (int k = 0; k < edits; ++k) f[rng() % f.size()] = static_cast<uint8_t>(rng());
+          TensorSet out = in.like(0.0f);
+          try {
+            Decoder().decode(f, out.targets());
+          } catch (const FrameError&) {
+            ++rejected;
+          }
+        }
+      }
+    }
+    MESSAGE(rejected << " of 2400 edited frames rejected");
+  }
+}
+
+}  // namespace
+}  // namespace xloco::compress
