@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/metrics.h"
@@ -27,41 +28,11 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   int nproc = 1;
   bool resume = false;
-  std::vector<std::string> argv;  // as given, for the rank processes
 };
-
-int launch_ranks(const TrainArgs& a, const common::Config& cfg) {
-  const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
-  fs::create_directories(run_dir);
-  const std::string store = (run_dir / fmt::format(".store-{}", ::getpid())).string();
-  fs::remove(store);
-  common::install_forwarding_handlers();
-  std::vector<pid_t> pids;
-  std::vector<std::string> labels;
-  for (int r = 0; r < a.nproc; ++r) {
-    common::ChildSpec spec;
-    spec.label = fmt::format("rank {}", r);
-    spec.argv = a.argv;
-    spec.argv[0] = common::self_exe();
-    spec.env = {fmt::format("XLOCO_RANK={}", r), fmt::format("XLOCO_WORLD_SIZE={}", a.nproc),
-                "XLOCO_STORE=file:" + store, fmt::format("XLOCO_RANKS_ON_HOST={}", a.nproc)};
-    pids.push_back(common::spawn_child(spec));
-    labels.push_back(spec.label);
-  }
-  const auto results = common::wait_children(pids, labels);
-  fs::remove(store);
-  int worst = 0;
-  for (const auto& r : results) {
-    if (r.exit_code != 0 && worst == 0) worst = r.exit_code;
-  }
-  if (common::pending_signal() != 0) return 130;
-  return worst;
-}
 
 int run_rank(const TrainArgs& a, const common::Config& cfg) {
   const auto dist = inner::dist_options_from_env();
-  const char* on_host = std::getenv("XLOCO_RANKS_ON_HOST");
-  const auto threads = inner::configure_threads(cfg.run, on_host ? std::atoi(on_host) : dist.world);
+  const auto threads = inner::configure_threads(cfg.run, ranks_on_host(dist.world));
   const bool leader = dist.rank == 0;
   if (!leader) spdlog::set_level(spdlog::level::warn);
   const auto device = inner::resolve_device(cfg.run.device);
@@ -165,11 +136,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
-    const bool is_rank = std::getenv("XLOCO_RANK") != nullptr;
     int rc;
-    if (a->nproc > 1 && !is_rank) {
-      a->argv = original_argv();
-      rc = launch_ranks(*a, cfg);
+    if (a->nproc > 1 && !is_rank_process()) {
+      rc = launch_ranks(original_argv(), a->nproc, (fs::path(cfg.run.dir) / cfg.run.name).string());
     } else {
       rc = run_rank(*a, cfg);
     }

@@ -15,5 +15,8 @@ void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_keygen_command(CLI::App& app);
+void add_head_command(CLI::App& app);
+void add_worker_command(CLI::App& app);
+void add_local_command(CLI::App& app);
 
 }  // namespace xloco::cli

@@ -30,9 +30,10 @@ int main(int argc, char** argv) {
   xloco::cli::add_train_command(app);
   xloco::cli::add_eval_command(app);
   xloco::cli::add_sample_command(app);
-#ifdef XLOCO_HAVE_KEYGEN
   xloco::cli::add_keygen_command(app);
-#endif
+  xloco::cli::add_head_command(app);
+  xloco::cli::add_worker_command(app);
+  xloco::cli::add_local_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

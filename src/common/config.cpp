@@ -2,8 +2,6 @@
 
 #include <cmath>
 #include <fstream>
-#include <functional>
-#include <map>
 #include <set>
 #include <sstream>
 
@@ -20,6 +18,7 @@ struct Range {
   double lo, hi;
 };
 using Choices = std::vector<std::string>;
+struct Flag {};
 
 // Every config field, once: name, reference, allowed values. parse/dump/unknown-key checks all
 // walk this table, so a new field is one line here plus one in config.h.
@@ -56,6 +55,21 @@ void visit_fields(Config& c, Visitor&& v) {
   v("inner.log_every", c.inner.log_every, Range{1, 1e9});
   v("inner.checkpoint_every", c.inner.checkpoint_every, Range{0, 1e9});
   v("inner.bucket_kb", c.inner.bucket_kb, Range{4, 1 << 22});
+  v("outer.inner_steps", c.outer.inner_steps, Range{1, 1e9});
+  v("outer.lr", c.outer.lr, Range{0, 100});
+  v("outer.momentum", c.outer.momentum, Range{0, 0.999999});
+  v("outer.nesterov", c.outer.nesterov, Flag{});
+  v("outer.codec_up", c.outer.codec_up, Choices{"fp32", "bf16", "int8", "int4"});
+  v("outer.codec_down", c.outer.codec_down, Choices{"fp32", "bf16", "int8", "int4"});
+  v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
+  v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
+  v("outer.providers", c.outer.providers, Range{1, 4096});
+  v("outer.min_providers", c.outer.min_providers, Range{1, 4096});
+  v("outer.checkpoint_every", c.outer.checkpoint_every, Range{0, 1e9});
+  v("outer.keep_checkpoints", c.outer.keep_checkpoints, Range{1, 1e6});
+  v("outer.eval_every", c.outer.eval_every, Range{0, 1e9});
+  v("outer.round_timeout_s", c.outer.round_timeout_s, Range{1, 1e7});
+  v("outer.shared_data", c.outer.shared_data, Flag{});
 }
 
 const json* find_dotted(const json& j, const std::string& dotted) {
@@ -84,6 +98,12 @@ void set_field(const std::string& key, const json& v, std::string& out, const Ch
     XLOCO_ENFORCE(ok, ConfigError, "config: {} is \"{}\"; allowed: {}", key, out,
                   fmt::format("{}", fmt::join(choices, ", ")));
   }
+}
+
+void set_field(const std::string& key, const json& v, bool& out, const Flag&) {
+  XLOCO_ENFORCE(v.is_boolean(), ConfigError, "config: {} must be true or false, got {}", key,
+                v.dump());
+  out = v.get<bool>();
 }
 
 template <class Num>
@@ -136,6 +156,11 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.inner.warmup_steps <= c.inner.steps, ConfigError,
                 "config: inner.warmup_steps = {} must not exceed inner.steps = {}",
                 c.inner.warmup_steps, c.inner.steps);
+  XLOCO_ENFORCE(c.outer.min_providers <= c.outer.providers, ConfigError,
+                "config: outer.min_providers = {} must not exceed outer.providers = {}",
+                c.outer.min_providers, c.outer.providers);
+  XLOCO_ENFORCE(c.outer.codec_up != "int4" || c.outer.block_size % 2 == 0, ConfigError,
+                "config: outer.block_size = {} must be even for int4", c.outer.block_size);
   XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
                 "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
 }
@@ -161,7 +186,7 @@ Config parse_config(const json& j) {
     }
     throw ConfigError(fmt::format("config: unknown key \"{}\"{}", leaf,
                                   siblings.empty()
-                                      ? std::string("; sections: run, data, model, inner")
+                                      ? std::string("; sections: run, data, model, inner, outer")
                                       : fmt::format("; known keys: {}", fmt::join(siblings, ", "))));
   }
   validate(c);
@@ -209,7 +234,7 @@ json to_json(const Config& c_in) {
   visit_fields(c, [&](const std::string& key, auto& field, const auto&) {
     json* cur = &j;
     std::stringstream ss(key);
-    std::string part, last;
+    std::string part;
     std::vector<std::string> parts;
     while (std::getline(ss, part, '.')) parts.push_back(part);
     for (size_t i = 0; i + 1 < parts.size(); ++i) cur = &(*cur)[parts[i]];
@@ -219,5 +244,31 @@ json to_json(const Config& c_in) {
 }
 
 std::string to_json_string(const Config& c) { return to_json(c).dump(2); }
+
+int total_rounds(const Config& c) {
+  return (c.inner.steps + c.outer.inner_steps - 1) / c.outer.inner_steps;
+}
+
+std::string config_hash(const Config& c) {
+  json j = to_json(c);
+  j.erase("run");
+  j["seed"] = c.run.seed;
+  j["data"].erase("path");
+  j["data"].erase("cache_dir");
+  j["inner"].erase("bucket_kb");
+  j["inner"].erase("log_every");
+  j["inner"].erase("checkpoint_every");
+  j["outer"].erase("checkpoint_every");
+  j["outer"].erase("keep_checkpoints");
+  j["outer"].erase("round_timeout_s");
+  const std::string text = j.dump();
+  // FNV-1a 64: a fingerprint for a config agreement check, not a security boundary.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
 
 }  // namespace xloco::common

@@ -54,12 +54,37 @@ struct InnerConfig {
   int bucket_kb = 4096;      // gradient allreduce bucket size
 };
 
+struct OuterConfig {
+  int inner_steps = 50;          // H: inner steps per round (rounds = ceil(inner.steps / H))
+  double lr = 0.7;               // outer SGD learning rate
+  double momentum = 0.9;         // outer momentum
+  bool nesterov = true;          // Nesterov momentum (DiLoCo)
+  std::string codec_up = "int8";    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4
+  std::string codec_down = "int8";  // head -> provider update
+  int block_size = 256;          // quantization block (int8, int4)
+  int zstd_level = 1;            // 0 = store raw
+  int providers = 1;             // K: providers the head waits for before round 1 (and shards)
+  int min_providers = 1;         // a round may close with this many contributions
+  int checkpoint_every = 5;      // rounds between head checkpoints (and on SIGINT/SIGTERM)
+  int keep_checkpoints = 3;      // newest head checkpoints kept
+  int eval_every = 1;            // rounds between evals of theta_pub on the head; 0 = end only
+  double round_timeout_s = 3600; // round deadline; also the longest a provider waits for the head
+  bool shared_data = false;      // every provider gets the whole data set (replica tests)
+};
+
 struct Config {
   RunConfig run;
   DataConfig data;
   ModelConfig model;
   InnerConfig inner;
+  OuterConfig outer;
 };
+
+// Rounds of a DiLoCo run: ceil(inner.steps / outer.inner_steps).
+int total_rounds(const Config& c);
+// A hash of everything that must agree between the head and its providers (model, data,
+// schedule, outer settings, seed) and nothing host-specific (threads, device, paths).
+std::string config_hash(const Config& c);
 
 // Parses and validates; throws ConfigError naming the field, the value and the allowed range.
 Config parse_config(const nlohmann::json& j);

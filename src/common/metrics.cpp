@@ -56,6 +56,18 @@ std::string human_duration(double s) {
   return fmt::format("{}s", t);
 }
 
+int64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
 std::string hash_hex(const void* data, size_t size) {
   unsigned char out[16];
   crypto_generichash(out, sizeof(out), static_cast<const unsigned char*>(data), size, nullptr, 0);

@@ -2,6 +2,7 @@
 // line being written. Also the small formatting helpers the progress lines share.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -28,6 +29,9 @@ class JsonlWriter {
 std::string human_rate(double per_second);   // 8.1k, 1.2M
 std::string human_bytes(double bytes);       // 1.2 MB
 std::string human_duration(double seconds);  // 3m12s
+
+// This process's peak resident set size (VmHWM), 0 when unknown.
+int64_t peak_rss_bytes();
 
 // 16-byte BLAKE2b of a byte range, hex: parameter hashes compared across ranks and replicas.
 std::string hash_hex(const void* data, size_t size);

@@ -111,8 +111,12 @@ std::vector<ChildResult> wait_children(const std::vector<pid_t>& pids,
       --remaining;
       results[i] = {labels[i], decode_status(status)};
       if (results[i].exit_code != 0 && !stopping && opts.stop_all_on_failure) {
-        spdlog::error("{} exited with code {}; stopping the others", labels[i],
-                      results[i].exit_code);
+        if (results[i].exit_code == 130) {
+          spdlog::warn("{} was interrupted; stopping the others", labels[i]);
+        } else {
+          spdlog::error("{} exited with code {}; stopping the others", labels[i],
+                        results[i].exit_code);
+        }
         stop_all(SIGTERM);
         stopping = true;
         kill_at = std::chrono::steady_clock::now() + opts.grace;

@@ -57,16 +57,23 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
   }
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   params_ = torch::empty({offset}, opts);
-  grads_ = torch::zeros({offset + 2}, opts);
   torch::NoGradGuard guard;
   for (const auto& s : slots_) {
     auto& p = named[s.name];
     auto view = params_.narrow(0, s.offset, s.numel).view(s.shape);
     view.copy_(p);
     p.set_data(view);
-    p.mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
   }
-  reset_optimizer();
+}
+
+void InnerTrainer::ensure_training_buffers() {
+  if (grads_.defined()) return;
+  grads_ = torch::zeros({params_.numel() + 2}, params_.options());
+  auto named = model_->named_parameters();
+  for (const auto& s : slots_) {
+    named[s.name].mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
+  }
+  if (!exp_avg_.defined()) reset_optimizer();
 }
 
 void InnerTrainer::reset_optimizer() {
@@ -84,6 +91,7 @@ double InnerTrainer::lr_at(int64_t step) const {
 }
 
 StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_stop) {
+  ensure_training_buffers();
   model_->train();
   const Batch b = data.train_batch(step, group_.rank(), group_.world());
   grads_.zero_();
@@ -169,6 +177,7 @@ std::vector<common::TensorBlob> InnerTrainer::model_blobs() const {
 }
 
 std::vector<common::TensorBlob> InnerTrainer::optimizer_blobs() const {
+  if (!exp_avg_.defined()) return {};
   return {to_blob("exp_avg", exp_avg_), to_blob("exp_avg_sq", exp_avg_sq_),
           to_blob("step", torch::tensor({adam_t_}, torch::kInt64))};
 }
@@ -194,8 +203,8 @@ void InnerTrainer::load_optimizer(const common::SafetensorsFile& file) {
   XLOCO_ENFORCE(mt.numel() == params_.numel() && vt.numel() == params_.numel(), common::IoError,
                 "optimizer checkpoint has {} moments, the model {} parameters", mt.numel(),
                 params_.numel());
-  exp_avg_.copy_(mt);
-  exp_avg_sq_.copy_(vt);
+  exp_avg_ = mt.to(params_.device());
+  exp_avg_sq_ = vt.to(params_.device());
   adam_t_ = from_blob(*t).item<int64_t>();
 }
 

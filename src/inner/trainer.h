@@ -46,6 +46,14 @@ class InnerTrainer {
   EvalStats evaluate(const Dataset& data);
   double lr_at(int64_t step) const;
 
+  struct Slot {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset, numel;
+  };
+  // Where each parameter lives in params(): >=2-D weights first, then the rest.
+  const std::vector<Slot>& slots() const { return slots_; }
+
   Net& model() { return *model_; }
   torch::Tensor& params() { return params_; }  // flat fp32, every parameter a view into it
   int64_t adam_steps() const { return adam_t_; }
@@ -65,15 +73,12 @@ class InnerTrainer {
   std::shared_ptr<Net> model_;
   Group& group_;
   torch::Device device_;
-  struct Slot {
-    std::string name;
-    std::vector<int64_t> shape;
-    int64_t offset, numel;
-  };
-  std::vector<Slot> slots_;     // >=2-D weights first (decayed), then the rest
+  void ensure_training_buffers();
+
+  std::vector<Slot> slots_;
   int64_t decay_numel_ = 0;
   torch::Tensor params_, grads_;  // grads_ ends with two extra slots: loss, stop request
-  torch::Tensor exp_avg_, exp_avg_sq_;
+  torch::Tensor exp_avg_, exp_avg_sq_;  // allocated at the first step (the head never trains)
   int64_t adam_t_ = 0;
 };
 

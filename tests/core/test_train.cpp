@@ -86,7 +86,7 @@ TEST_SUITE("train") {
     CHECK(t.lr_at(50) < t.lr_at(20));
   }
 
-  TEST_CASE("flat buffers: parameters are views, gradients land in the flat buffer") {
+  TEST_CASE("flat buffers: every parameter is a view into the flat buffer") {
     auto c = test::tiny_gpt_config();
     Solo s;
     inner::InnerTrainer t(c, inner::make_model(c), s.group, torch::kCPU);

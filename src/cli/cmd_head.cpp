@@ -1,0 +1,79 @@
+// `xloco head`: the coordinator of a DiLoCo run. Binds (--bind) and tells providers where to
+// connect (--advertise: on Akash the public port differs from the bound one), admits only the
+// allow-listed provider keys, and prints the exact `xloco worker` line that joins it.
+#include <filesystem>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "common/config.h"
+#include "common/error.h"
+#include "common/safetensors.h"
+#include "inner/runtime.h"
+#include "net/keys.h"
+#include "net/zmq/transport.h"
+#include "outer/head.h"
+
+namespace xloco::cli {
+namespace fs = std::filesystem;
+
+void add_head_command(CLI::App& app) {
+  struct Args {
+    std::string config, bind = "tcp://0.0.0.0:7700", advertise, key, init, endpoint_file;
+    std::vector<std::string> overrides, allow;
+    bool insecure = false, resume = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("head", "coordinate a DiLoCo run across providers");
+  cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.lr=0.7");
+  cmd->add_option("--bind", a->bind, "ZeroMQ endpoint to bind (port 0 picks a free one)");
+  cmd->add_option("--advertise", a->advertise, "tcp://HOST:PORT providers connect to (default: the bound endpoint)");
+  cmd->add_option("--key", a->key, "the head's secret key file (xloco keygen)");
+  cmd->add_option("--allow", a->allow, "allow-listed provider keys: .pub files or directories of them");
+  cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated links (loopback experiments only)");
+  cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint");
+  cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)");
+  cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening");
+  cmd->callback([a]() {
+    const auto cfg = common::load_config(a->config, a->overrides);
+    inner::configure_threads(cfg.run, 1);
+    net::zeromq::ServerOptions so;
+    so.bind = a->bind;
+    so.link.insecure = a->insecure;
+    std::string head_pub;
+    if (!a->insecure) {
+      XLOCO_ENFORCE(!a->key.empty(), common::ConfigError,
+                    "head: --key FILE is required (make one with `xloco keygen head`), or pass "
+                    "--insecure for a plaintext loopback run");
+      XLOCO_ENFORCE(!a->allow.empty(), common::ConfigError,
+                    "head: --allow is required: the providers' .pub files or a directory of them");
+      so.key = net::load_keypair(a->key);
+      std::vector<fs::path> paths(a->allow.begin(), a->allow.end());
+      so.allow = net::AllowList::load(paths);
+      head_pub = so.key.public_key;
+    }
+    auto server = std::make_unique<net::zeromq::Server>(so);
+    const std::string endpoint = server->endpoint();
+    const std::string advertise = a->advertise.empty() ? endpoint : a->advertise;
+    const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
+    fs::create_directories(run_dir);
+    common::write_file_atomic((run_dir / "config.json").string(), common::to_json_string(cfg) + "\n");
+    spdlog::info("head listening on {} ({} allow-listed providers)", endpoint,
+                 a->insecure ? 0 : so.allow.size());
+    fmt::print("join with:\n  xloco worker --config {} --head {}{} --key PROVIDER.key\n", a->config,
+               advertise, a->insecure ? " --insecure" : " --head-pub " + head_pub);
+    std::fflush(stdout);
+    if (!a->endpoint_file.empty()) common::write_file_atomic(a->endpoint_file, endpoint + "\n");
+    outer::HeadOptions ho;
+    ho.run_dir = run_dir.string();
+    ho.resume = a->resume;
+    ho.init = a->init;
+    outer::Head head(cfg, ho, std::move(server));
+    const int rc = head.run();
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace xloco::cli

@@ -1,0 +1,169 @@
+// `xloco local`: a whole DiLoCo run on one machine — a head and K providers × R ranks as child
+// processes on loopback, with fresh CURVE keys in the run directory. Ctrl+C stops and reaps
+// every child. At the end it prints the run's summary.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "common/config.h"
+#include "common/error.h"
+#include "common/metrics.h"
+#include "common/process.h"
+#include "net/keys.h"
+
+namespace xloco::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct LocalArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int providers = 0, nproc = 1;
+  bool insecure = false, resume = false;
+};
+
+std::vector<std::string> with_overrides(std::vector<std::string> argv, const LocalArgs& a) {
+  argv.insert(argv.end(), {"--config", a.config});
+  for (const auto& o : a.overrides) argv.insert(argv.end(), {"--set", o});
+  return argv;
+}
+
+std::string wait_for_endpoint(const fs::path& file, pid_t head) {
+  for (int i = 0; i < 1200; ++i) {
+    std::ifstream in(file);
+    std::string ep;
+    if (in >> ep && !ep.empty()) return ep;
+    XLOCO_ENFORCE(::waitpid(head, nullptr, WNOHANG) == 0, common::Error,
+                  "the head exited before listening; see its log above");
+    XLOCO_ENFORCE(common::pending_signal() == 0, common::Error, "interrupted");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  throw common::Error("the head did not report its endpoint within 120 s");
+}
+
+void print_summary(const fs::path& run_dir, double wall) {
+  std::ifstream in(run_dir / "summary.json");
+  const auto s = nlohmann::json::parse(in, nullptr, false);
+  if (s.is_discarded()) {
+    fmt::print("no summary written (see the logs above)\n");
+    return;
+  }
+  fmt::print(
+      "\n== xloco local: {}\n"
+      "final eval loss      {:.4f}\n"
+      "rounds               {}\n"
+      "bytes up / down      {} / {}\n"
+      "vs fp32 data parallel {:.5f}x the bytes ({:.0f}x fewer)\n"
+      "wall time            {}\n"
+      "checkpoint           {}\n",
+      run_dir.string(), s.value("final_eval_loss", 0.0), s.value("rounds", 0),
+      common::human_bytes(s.value("bytes_up", 0.0)), common::human_bytes(s.value("bytes_down", 0.0)),
+      s.value("bytes_vs_fp32_dp", 0.0), 1.0 / std::max(1e-12, s.value("bytes_vs_fp32_dp", 1.0)),
+      common::human_duration(wall), (run_dir / "ckpt").string());
+}
+
+int run_local(const LocalArgs& in) {
+  LocalArgs a = in;
+  if (a.providers > 0) a.overrides.push_back(fmt::format("outer.providers={}", a.providers));
+  const auto cfg = common::load_config(a.config, a.overrides);
+  const int K = cfg.outer.providers;
+  const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
+  const fs::path keys = run_dir / "keys";
+  fs::remove_all(keys);
+  fs::create_directories(keys / "allow");
+  fs::remove(run_dir / "head.endpoint");
+  fs::remove(run_dir / "summary.json");
+  const std::string exe = common::self_exe();
+  std::vector<std::string> head_argv = with_overrides({exe, "head"}, a);
+  head_argv.insert(head_argv.end(), {"--bind", "tcp://127.0.0.1:0", "--endpoint-file",
+                                     (run_dir / "head.endpoint").string()});
+  if (a.resume) head_argv.push_back("--resume");
+  if (a.insecure) {
+    head_argv.push_back("--insecure");
+  } else {
+    net::write_keypair(keys / "head", net::generate_keypair());
+    for (int i = 0; i < K; ++i) {
+      const auto pair = net::generate_keypair();
+      net::write_keypair(keys / fmt::format("provider-{}", i), pair);
+      std::ofstream(keys / "allow" / fmt::format("provider-{}.pub", i)) << pair.public_key << "\n";
+    }
+    head_argv.insert(head_argv.end(), {"--key", (keys / "head.key").string(), "--allow",
+                                       (keys / "allow").string()});
+  }
+  const std::string on_host = fmt::format("XLOCO_RANKS_ON_HOST={}", K * a.nproc);
+  common::install_forwarding_handlers();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  std::vector<std::string> labels;
+  pids.push_back(common::spawn_child({"head", head_argv, {on_host}}));
+  labels.push_back("head");
+  try {
+    const std::string endpoint = wait_for_endpoint(run_dir / "head.endpoint", pids[0]);
+    for (int i = 0; i < K; ++i) {
+      const std::string name = fmt::format("provider-{}", i);
+      auto argv = with_overrides({exe, "worker"}, a);
+      argv.insert(argv.end(), {"--head", endpoint, "--name", name, "--nproc", std::to_string(a.nproc)});
+      if (a.insecure) {
+        argv.push_back("--insecure");
+      } else {
+        argv.insert(argv.end(), {"--head-pub", (keys / "head.pub").string(), "--key",
+                                 (keys / (name + ".key")).string()});
+      }
+      pids.push_back(common::spawn_child({name, argv, {"XLOCO_RANKS_ON_HOST=" + std::to_string(K)}}));
+      labels.push_back(name);
+    }
+  } catch (const common::Error& e) {
+    spdlog::error("{}", e.what());
+    for (pid_t p : pids) ::kill(p, SIGTERM);
+    common::wait_children(pids, labels);
+    return 1;
+  }
+  const auto results = common::wait_children(pids, labels);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (common::pending_signal() != 0) {
+    fmt::print("interrupted; every child process has been stopped. Resume the head with "
+               "`xloco head --resume`.\n");
+    return 130;
+  }
+  for (const auto& r : results) {
+    if (r.exit_code == 130) {
+      fmt::print("{} was interrupted; resume with `xloco local --resume` and the same config.\n",
+                 r.label);
+      return 130;
+    }
+    if (r.exit_code != 0) {
+      spdlog::error("{} exited with code {}", r.label, r.exit_code);
+      return r.exit_code;
+    }
+  }
+  print_summary(run_dir, wall);
+  return 0;
+}
+
+}  // namespace
+
+void add_local_command(CLI::App& app) {
+  auto a = std::make_shared<LocalArgs>();
+  auto* cmd = app.add_subcommand("local", "a head and K providers on this machine (loopback)");
+  cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.inner_steps=25");
+  cmd->add_option("--providers", a->providers, "K providers (default: outer.providers)")->check(CLI::Range(1, 64));
+  cmd->add_option("--nproc", a->nproc, "ranks per provider")->check(CLI::Range(1, 64));
+  cmd->add_flag("--insecure", a->insecure, "plaintext links (default: CURVE with generated keys)");
+  cmd->add_flag("--resume", a->resume, "the head continues from the run's latest checkpoint");
+  cmd->callback([a]() {
+    const int rc = run_local(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace xloco::cli

@@ -1,0 +1,75 @@
+// `xloco worker --head ADDR`: one provider cluster joining a head. With --nproc R this process
+// starts R ranks (a Gloo group); rank 0 is the leader that talks to the head.
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "cli/launch.h"
+#include "common/config.h"
+#include "common/error.h"
+#include "inner/dist.h"
+#include "inner/runtime.h"
+#include "net/keys.h"
+#include "net/zmq/transport.h"
+#include "outer/provider.h"
+
+namespace xloco::cli {
+namespace fs = std::filesystem;
+
+void add_worker_command(CLI::App& app) {
+  struct Args {
+    std::string config, head, head_pub, key, name;
+    std::vector<std::string> overrides;
+    int nproc = 1;
+    bool insecure = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("worker", "one provider: train with R ranks, sync with the head");
+  cmd->add_option("--config", a->config, "JSON run config (the head's)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set", a->overrides, "override a config value (must match the head's)");
+  cmd->add_option("--head", a->head, "the head's endpoint, tcp://HOST:PORT")->required();
+  cmd->add_option("--head-pub", a->head_pub, "the head's public key: Z85 text or a .pub file");
+  cmd->add_option("--key", a->key, "this provider's secret key file (xloco keygen)");
+  cmd->add_option("--name", a->name, "provider name for logs (default: the key file's stem)");
+  cmd->add_option("--nproc", a->nproc, "rank processes (a Gloo group) on this machine")->check(CLI::Range(1, 256));
+  cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated link (loopback experiments only)");
+  cmd->callback([a]() {
+    const auto cfg = common::load_config(a->config, a->overrides);
+    std::string name = a->name;
+    if (name.empty()) name = a->key.empty() ? "provider" : fs::path(a->key).stem().string();
+    const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
+    if (a->nproc > 1 && !is_rank_process()) {
+      const int rc = launch_ranks(original_argv(), a->nproc, (run_dir / "providers" / name).string());
+      if (rc != 0) throw CLI::RuntimeError(rc);
+      return;
+    }
+    auto dist = inner::dist_options_from_env();
+    dist.timeout = std::chrono::seconds(static_cast<int64_t>(cfg.outer.round_timeout_s) + 60);
+    inner::configure_threads(cfg.run, ranks_on_host(dist.world));
+    if (dist.rank != 0) spdlog::set_level(spdlog::level::warn);
+    std::unique_ptr<net::Transport> link;
+    if (dist.rank == 0) {
+      net::zeromq::ClientOptions co;
+      co.connect = a->head;
+      co.name = name;
+      co.link.insecure = a->insecure;
+      if (!a->insecure) {
+        XLOCO_ENFORCE(!a->key.empty() && !a->head_pub.empty(), common::ConfigError,
+                      "worker: --key FILE and --head-pub KEY are required (or --insecure)");
+        co.key = net::load_keypair(a->key);
+        co.server_public_key = net::is_z85_key(a->head_pub) ? a->head_pub
+                                                            : net::load_public_key(a->head_pub);
+      }
+      link = std::make_unique<net::zeromq::Client>(co);
+    }
+    inner::Group group(dist);
+    outer::ProviderOptions po;
+    po.name = name;
+    po.run_dir = (run_dir / "providers" / name).string();
+    const int rc = outer::run_provider(cfg, po, group, std::move(link));
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace xloco::cli

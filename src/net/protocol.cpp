@@ -1,0 +1,229 @@
+#include "net/protocol.h"
+
+#include <cmath>
+
+#include <array>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace xloco::net {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::array<const char*, std::variant_size_v<Body>> kTypeNames = {
+    "HELLO", "WELCOME", "HEARTBEAT", "ROUND_START", "CONTRIBUTION", "UPDATE", "BYE", "ERROR"};
+
+[[noreturn]] void fail(ProtocolErrorKind kind, const std::string& what) {
+  throw ProtocolError(kind, fmt::format("protocol error ({}): {}", to_string(kind), what));
+}
+
+const json& field(const json& header, const char* name) {
+  const auto it = header.find(name);
+  if (it == header.end()) fail(ProtocolErrorKind::kMissingField, fmt::format("no \"{}\"", name));
+  return *it;
+}
+
+std::uint64_t unsigned_field(const json& header, const char* name) {
+  const json& value = field(header, name);
+  if (!value.is_number_unsigned()) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("\"{}\" must be a non-negative integer, got {}", name, value.dump()));
+  }
+  return value.get<std::uint64_t>();
+}
+
+double seconds_field(const json& header, const char* name) {
+  const json& value = field(header, name);
+  if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("\"{}\" must be a finite number of seconds >= 0, got {}", name, value.dump()));
+  }
+  return value.get<double>();
+}
+
+std::string string_field(const json& header, const char* name) {
+  const json& value = field(header, name);
+  if (!value.is_string()) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("\"{}\" must be a string, got {}", name, value.dump()));
+  }
+  return value.get<std::string>();
+}
+
+// Per body: header fields, binary frames, and the way back. One overload set per direction
+// keeps every type's wire shape on a few adjacent lines.
+void write(const Hello& m, json& h, Message&) {
+  h["provider"] = m.provider;
+  h["config_hash"] = m.config_hash;
+  h["tokens"] = m.tokens;
+}
+void write(const Welcome& m, json& h, Message& frames) {
+  h["shard_index"] = m.shard_index;
+  h["shard_count"] = m.shard_count;
+  frames.push_back(m.state);
+}
+void write(const Heartbeat&, json&, Message&) {}
+void write(const RoundStart&, json&, Message&) {}
+void write(const Contribution& m, json& h, Message& frames) {
+  h["tokens"] = m.tokens;
+  h["compute_s"] = m.compute_s;
+  frames.push_back(m.payload);
+}
+void write(const Update& m, json&, Message& frames) { frames.push_back(m.payload); }
+void write(const Bye& m, json& h, Message&) { h["reason"] = m.reason; }
+void write(const ErrorReply& m, json& h, Message&) {
+  h["code"] = m.code;
+  h["reason"] = m.reason;
+}
+
+template <typename T> constexpr std::size_t kBinaryFrames = 0;
+template <> constexpr std::size_t kBinaryFrames<Welcome> = 1;
+template <> constexpr std::size_t kBinaryFrames<Contribution> = 1;
+template <> constexpr std::size_t kBinaryFrames<Update> = 1;
+
+// `frames` are the binary frames, already counted.
+Hello read(const json& h, const Message&, Hello*) {
+  return {string_field(h, "provider"), string_field(h, "config_hash"),
+          unsigned_field(h, "tokens")};
+}
+Welcome read(const json& h, const Message& frames, Welcome*) {
+  Welcome w;
+  w.state = frames[1];
+  const auto index = unsigned_field(h, "shard_index");
+  const auto count = unsigned_field(h, "shard_count");
+  if (count == 0 || count > 65536 || index >= count) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("shard {} of {} is not a valid data shard", index, count));
+  }
+  w.shard_index = static_cast<std::uint32_t>(index);
+  w.shard_count = static_cast<std::uint32_t>(count);
+  return w;
+}
+Heartbeat read(const json&, const Message&, Heartbeat*) { return {}; }
+RoundStart read(const json&, const Message&, RoundStart*) { return {}; }
+Contribution read(const json& h, const Message& frames, Contribution*) {
+  Contribution c;
+  c.tokens = unsigned_field(h, "tokens");
+  c.compute_s = seconds_field(h, "compute_s");
+  c.payload = frames[1];
+  return c;
+}
+Update read(const json&, const Message& frames, Update*) { return {frames[1]}; }
+Bye read(const json& h, const Message&, Bye*) { return {string_field(h, "reason")}; }
+ErrorReply read(const json& h, const Message&, ErrorReply*) {
+  return {string_field(h, "code"), string_field(h, "reason")};
+}
+
+template <std::size_t I>
+Body read_body(std::size_t index, const json& header, const Message& message) {
+  if constexpr (I < std::variant_size_v<Body>) {
+    if (index != I) return read_body<I + 1>(index, header, message);
+    using T = std::variant_alternative_t<I, Body>;
+    if (message.size() != 1 + kBinaryFrames<T>) {
+      fail(ProtocolErrorKind::kWrongFrameCount,
+           fmt::format("{} carries {} binary frame(s), got {}", kTypeNames[I], kBinaryFrames<T>,
+                       message.size() - 1));
+    }
+    return read(header, message, static_cast<T*>(nullptr));
+  } else {
+    fail(ProtocolErrorKind::kUnknownType, "type index out of range");
+  }
+}
+
+json parse_header(const Message& message) {
+  if (message.empty() || message[0].empty()) fail(ProtocolErrorKind::kNoHeader, "no header frame");
+  const Frame& frame = message[0];
+  if (frame.size() > kMaxHeaderBytes) {
+    fail(ProtocolErrorKind::kHeaderTooLarge,
+         fmt::format("header is {} bytes, limit {}", frame.size(), kMaxHeaderBytes));
+  }
+  json header = json::parse(frame.view(), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) fail(ProtocolErrorKind::kNotJson, "header is not valid JSON");
+  if (!header.is_object()) fail(ProtocolErrorKind::kNotObject, "header is not a JSON object");
+  return header;
+}
+
+}  // namespace
+
+const char* to_string(MessageType type) {
+  return kTypeNames.at(static_cast<std::size_t>(type));
+}
+
+std::optional<MessageType> parse_message_type(std::string_view name) {
+  for (std::size_t i = 0; i < kTypeNames.size(); ++i) {
+    if (name == kTypeNames[i]) return static_cast<MessageType>(i);
+  }
+  return std::nullopt;
+}
+
+const char* to_string(ProtocolErrorKind kind) {
+  switch (kind) {
+    case ProtocolErrorKind::kNoHeader: return "no_header";
+    case ProtocolErrorKind::kHeaderTooLarge: return "header_too_large";
+    case ProtocolErrorKind::kNotJson: return "not_json";
+    case ProtocolErrorKind::kNotObject: return "not_object";
+    case ProtocolErrorKind::kWrongVersion: return "wrong_version";
+    case ProtocolErrorKind::kUnknownType: return "unknown_type";
+    case ProtocolErrorKind::kWrongRun: return "wrong_run";
+    case ProtocolErrorKind::kMissingField: return "missing_field";
+    case ProtocolErrorKind::kBadField: return "bad_field";
+    case ProtocolErrorKind::kWrongFrameCount: return "wrong_frame_count";
+  }
+  return "unknown";
+}
+
+Message encode(const Envelope& envelope) {
+  json header = {{"v", kProtocolVersion},
+                 {"type", to_string(envelope.type())},
+                 {"run", envelope.run},
+                 {"round", envelope.round}};
+  Message message(1);
+  std::visit([&](const auto& body) { write(body, header, message); }, envelope.body);
+  message[0] = Frame(std::string_view(header.dump()));
+  return message;
+}
+
+Envelope decode(const Message& message, std::string_view expected_run) {
+  const json header = parse_header(message);
+
+  const json& version = field(header, "v");
+  if (!version.is_number_integer()) {
+    fail(ProtocolErrorKind::kBadField, fmt::format("\"v\" must be an integer, got {}", version.dump()));
+  }
+  if (version.get<std::int64_t>() != kProtocolVersion) {
+    fail(ProtocolErrorKind::kWrongVersion,
+         fmt::format("protocol version {}, this build speaks {}", version.dump(), kProtocolVersion));
+  }
+
+  const std::string type_name = string_field(header, "type");
+  const auto type = parse_message_type(type_name);
+  if (!type) fail(ProtocolErrorKind::kUnknownType, fmt::format("unknown type \"{}\"", type_name));
+
+  Envelope envelope;
+  envelope.run = string_field(header, "run");
+  if (envelope.run != expected_run) {
+    fail(ProtocolErrorKind::kWrongRun,
+         fmt::format("message for run \"{}\", this is run \"{}\"", envelope.run, expected_run));
+  }
+  envelope.round = unsigned_field(header, "round");
+  envelope.body = read_body<0>(static_cast<std::size_t>(*type), header, message);
+  return envelope;
+}
+
+std::optional<std::uint64_t> peek_round(const Message& message) noexcept {
+  try {
+    if (message.empty() || message[0].size() > kMaxHeaderBytes) return std::nullopt;
+    const json header = json::parse(message[0].view(), nullptr, false);
+    if (!header.is_object()) return std::nullopt;
+    const auto it = header.find("round");
+    if (it == header.end() || !it->is_number_unsigned()) return std::nullopt;
+    return it->get<std::uint64_t>();
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace xloco::net

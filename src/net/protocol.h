@@ -1,0 +1,106 @@
+// The wire protocol of design §7, and the only place that defines its messages. A message is
+// one JSON header frame {"v":1,"type":…,"run":…,"round":…, type-specific fields} followed by
+// the binary frames its type carries (codec frames, state). decode() checks every field of an
+// untrusted message and throws a ProtocolError whose kind says what was wrong, never crashes.
+// This file knows nothing of rounds' meaning (stale rounds are the outer loop's call).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "net/errors.h"
+#include "net/frame.h"
+
+namespace xloco::net {
+
+inline constexpr int kProtocolVersion = 1;
+// A header is a few hundred bytes; anything near this is an attack or a bug, and is rejected
+// before the JSON parser sees it.
+inline constexpr std::size_t kMaxHeaderBytes = 16 * 1024;
+
+// Same order as the alternatives of Body below.
+enum class MessageType { kHello, kWelcome, kHeartbeat, kRoundStart, kContribution, kUpdate,
+                         kBye, kError };
+
+const char* to_string(MessageType type);  // the wire name: "HELLO", "ROUND_START", …
+std::optional<MessageType> parse_message_type(std::string_view name);
+
+enum class ProtocolErrorKind {
+  kNoHeader,          // the message has no frames, or an empty header frame
+  kHeaderTooLarge,    // header frame over kMaxHeaderBytes
+  kNotJson,           // header is not valid JSON
+  kNotObject,         // header is JSON but not an object
+  kWrongVersion,      // "v" is not kProtocolVersion
+  kUnknownType,       // "type" names no message type
+  kWrongRun,          // "run" is not the run this end belongs to
+  kMissingField,      // a required field is absent
+  kBadField,          // a field has the wrong JSON type or is out of range
+  kWrongFrameCount,   // the number of binary frames does not match the type
+};
+
+const char* to_string(ProtocolErrorKind kind);
+
+class ProtocolError : public NetError {
+ public:
+  ProtocolError(ProtocolErrorKind kind, const std::string& what) : NetError(what), kind_(kind) {}
+  ProtocolErrorKind kind() const noexcept { return kind_; }
+
+ private:
+  ProtocolErrorKind kind_;
+};
+
+// Message bodies. The header's run and round live in Envelope, not here.
+struct Hello {  // provider → head, on connect and after every reconnect
+  std::string provider;     // provider name, for logs and metrics
+  std::string config_hash;  // the head refuses a provider whose run config differs
+  std::uint64_t tokens = 0; // tokens processed so far (0 for a fresh provider)
+};
+struct Welcome {  // head → provider: admission, with the full published state
+  Frame state;                    // one binary frame: θ_pub, fp32
+  std::uint32_t shard_index = 0;  // the data shard this provider trains on
+  std::uint32_t shard_count = 1;  // shards in the run (K)
+};
+struct Heartbeat {};   // either way, to tell a live idle peer from a dead one
+struct RoundStart {};  // head → providers: round `round` starts from the current θ_pub
+struct Contribution {  // provider → head: its compressed pseudo-gradient for `round`
+  std::uint64_t tokens = 0;  // tokens this provider processed in the round (its weight)
+  double compute_s = 0;      // its inner compute time this round (sync-overhead metrics)
+  Frame payload;             // one binary codec frame
+};
+struct Update {   // head → providers: the compressed outer update closing `round`
+  Frame payload;  // one binary codec frame
+};
+struct Bye {  // either way, before leaving on purpose
+  std::string reason;
+};
+struct ErrorReply {  // either way: why the last message was refused
+  std::string code;    // machine-readable, e.g. a ProtocolErrorKind name
+  std::string reason;  // for humans
+};
+
+using Body = std::variant<Hello, Welcome, Heartbeat, RoundStart, Contribution, Update, Bye,
+                          ErrorReply>;
+
+struct Envelope {
+  std::string run;          // run id; a message for another run is refused
+  std::uint64_t round = 0;  // the round the message belongs to (0 before the first)
+  Body body;
+
+  MessageType type() const noexcept { return static_cast<MessageType>(body.index()); }
+};
+
+// Header frame plus the body's binary frames (shared, not copied).
+Message encode(const Envelope& envelope);
+
+// Checks and decodes an untrusted message; throws ProtocolError.
+Envelope decode(const Message& message, std::string_view expected_run);
+
+// The header's round if it has a readable one; nullopt otherwise. Never throws: for routing
+// and fault injection, not for trusting the message.
+std::optional<std::uint64_t> peek_round(const Message& message) noexcept;
+
+}  // namespace xloco::net

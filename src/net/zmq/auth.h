@@ -1,0 +1,51 @@
+// Gatekeeper: the head's guard thread. It answers ZAP requests (RFC 27), admitting only
+// CURVE clients whose public key is on the allow-list and naming them by their list entry,
+// and it logs every failed handshake seen by the socket monitor (a plaintext client, a wrong
+// server key, a refused key). Without a ZAP handler CURVE admits any client (libzmq #2594),
+// so the head builds this before it binds.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "net/keys.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace xloco::net::zeromq {
+
+class Gatekeeper {
+ public:
+  // Binds the context's ZAP endpoint (only when `allow` is set) and monitors `watched`, which
+  // must not be bound yet. `context` and `watched` must outlive the Gatekeeper.
+  Gatekeeper(::zmq::context_t& context, ::zmq::socket_t& watched, std::optional<AllowList> allow,
+             std::shared_ptr<spdlog::logger> logger);
+  ~Gatekeeper();  // stops and joins the thread
+  Gatekeeper(const Gatekeeper&) = delete;
+  Gatekeeper& operator=(const Gatekeeper&) = delete;
+
+  std::uint64_t refused() const noexcept { return refused_.load(); }
+
+ private:
+  void run() noexcept;
+  void answer_zap();
+  void log_monitor_event();
+
+  std::optional<AllowList> allow_;
+  std::shared_ptr<spdlog::logger> logger_;
+  ::zmq::socket_t zap_;
+  ::zmq::socket_t monitor_;
+  ::zmq::socket_t stop_sender_;
+  ::zmq::socket_t stop_receiver_;
+  std::atomic<std::uint64_t> refused_{0};
+  std::thread thread_;
+};
+
+}  // namespace xloco::net::zeromq

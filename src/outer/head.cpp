@@ -1,0 +1,441 @@
+#include "outer/head.h"
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/metrics.h"
+#include "common/process.h"
+#include "compress/error.h"
+#include "inner/data.h"
+#include "inner/model.h"
+#include "inner/trainer.h"
+#include "net/protocol.h"
+#include "outer/outer_opt.h"
+#include "outer/round.h"
+#include "outer/sync.h"
+
+namespace xloco::outer {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Member {
+  int shard = -1;
+  bool connected = false;
+  uint64_t last_round = 0;
+  uint64_t tokens = 0;
+  double bytes_up = 0, bytes_down = 0;
+  double compute_s = 0;  // inner compute of its last contribution
+};
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+struct Head::Impl {
+  common::Config cfg;
+  HeadOptions opts;
+  std::unique_ptr<net::Transport> net;
+  inner::Group solo{inner::DistOptions{}};
+  std::unique_ptr<inner::Dataset> data;
+  std::unique_ptr<inner::InnerTrainer> evaluator;  // its params() are θ_pub
+  torch::Tensor theta_true, delta, scratch;
+  std::unique_ptr<OuterOptimizer> opt;
+  compress::Encoder down_enc, state_enc;
+  compress::Decoder dec;
+  std::map<std::string, Member> members;
+  RoundState round;
+  bool in_round = false;
+  uint64_t done_rounds = 0;
+  int total = 0;
+  common::JsonlWriter metrics;
+  HeadSummary summary;
+  Clock::time_point t0 = Clock::now();
+  std::string last_wait_reason;
+  uint64_t late_contributions = 0;
+  uint64_t resumed_from = 0;
+  bool first_round = true;
+  json frame_hashes = json::object();  // provider -> BLAKE2b of its contribution this round
+
+  Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t)
+      : cfg(c), opts(std::move(o)), net(std::move(t)), down_enc(downlink_codec(c.outer)),
+        state_enc(full_state_codec()) {
+    total = common::total_rounds(cfg);
+    data = inner::make_dataset(cfg, {0, 1});
+    evaluator = std::make_unique<inner::InnerTrainer>(cfg, inner::make_model(cfg), solo,
+                                                      torch::Device(torch::kCPU));
+    torch::Tensor& pub = evaluator->params();
+    opt = std::make_unique<OuterOptimizer>(cfg.outer, pub.numel());
+    if (!opts.init.empty()) {
+      evaluator->load_model(common::read_safetensors(opts.init + "/model.safetensors"));
+      spdlog::info("warm start from {}", opts.init);
+    }
+    theta_true = pub.clone();
+    delta = torch::zeros_like(pub);
+    scratch = torch::zeros_like(pub);
+    if (opts.resume) {
+      resume();
+    } else if (auto old = common::latest_checkpoint(ckpt_root())) {
+      throw common::ConfigError(fmt::format(
+          "run directory {} already holds checkpoint {}: pass --resume to continue it, or choose "
+          "another run.name (nothing was changed)", opts.run_dir, *old));
+    }
+    metrics.open((fs::path(opts.run_dir) / "metrics" / "head.jsonl").string());
+  }
+
+  const Slots& slots() const { return evaluator->slots(); }
+  torch::Tensor& pub() { return evaluator->params(); }
+  std::string ckpt_root() const { return (fs::path(opts.run_dir) / "ckpt").string(); }
+
+  // ------------------------------------------------------------------ checkpoints
+  void checkpoint() {
+    common::CheckpointContents c;
+    for (const auto& s : slots()) {
+      c.files["model.safetensors"].push_back(
+          inner::to_blob(s.name, theta_true.narrow(0, s.offset, s.numel).view(s.shape)));
+    }
+    c.files["outer.safetensors"] = {inner::to_blob("momentum", opt->momentum()),
+                                    inner::to_blob("theta_pub", pub())};
+    json m = json::object();
+    for (const auto& [name, mem] : members) m[name] = {{"shard", mem.shard}, {"tokens", mem.tokens}};
+    c.state = {{"round", done_rounds},
+               {"run", cfg.run.name},
+               {"config", common::to_json(cfg)},
+               {"config_hash", common::config_hash(cfg)},
+               {"members", m},
+               {"theta_pub_hash", evaluator->param_hash()},
+               {"momentum_hash", common::hash_hex(opt->momentum().data_ptr(),
+                                                  static_cast<size_t>(opt->momentum().numel()) * 4)},
+               {"bytes_up", summary.bytes_up},
+               {"bytes_down", summary.bytes_down}};
+    const auto dir = common::write_checkpoint(ckpt_root(), fmt::format("round-{:06d}", done_rounds),
+                                              c, cfg.outer.keep_checkpoints);
+    spdlog::info("checkpoint {}", dir);
+  }
+
+  void resume() {
+    const auto dir = common::latest_checkpoint(ckpt_root());
+    XLOCO_ENFORCE(dir.has_value(), common::IoError, "--resume: no checkpoint under {}", ckpt_root());
+    const auto state = common::read_checkpoint_state(*dir);
+    XLOCO_ENFORCE(state.value("config_hash", "") == common::config_hash(cfg), common::ConfigError,
+                  "--resume: {} was written with a different config (hash {} vs {})", *dir,
+                  state.value("config_hash", ""), common::config_hash(cfg));
+    const auto outer_file = common::read_safetensors(*dir + "/outer.safetensors");
+    const auto* mom = outer_file.find("momentum");
+    const auto* tp = outer_file.find("theta_pub");
+    XLOCO_ENFORCE(mom && tp, common::IoError, "{}/outer.safetensors lacks momentum/theta_pub", *dir);
+    evaluator->load_model(common::read_safetensors(*dir + "/model.safetensors"));
+    theta_true.copy_(pub());
+    pub().copy_(inner::from_blob(*tp));
+    opt->momentum().copy_(inner::from_blob(*mom));
+    XLOCO_ENFORCE(evaluator->param_hash() == state.value("theta_pub_hash", ""), common::IoError,
+                  "{}: theta_pub does not match its hash in state.json", *dir);
+    done_rounds = state.value("round", uint64_t{0});
+    resumed_from = done_rounds;
+    const auto& mom_t = opt->momentum();
+    XLOCO_ENFORCE(common::hash_hex(mom_t.data_ptr(), static_cast<size_t>(mom_t.numel()) * 4) ==
+                      state.value("momentum_hash", ""),
+                  common::IoError, "{}: outer momentum does not match its hash in state.json", *dir);
+    summary.bytes_up = state.value("bytes_up", 0.0);
+    summary.bytes_down = state.value("bytes_down", 0.0);
+    const json listed = state.value("members", json::object());
+    for (const auto& [name, m] : listed.items()) {
+      members[name].shard = m.value("shard", -1);
+      members[name].tokens = m.value("tokens", uint64_t{0});
+    }
+    spdlog::info("resumed from {}: round {} done, theta_pub {}, momentum {}", *dir, done_rounds,
+                 evaluator->param_hash(), state.value("momentum_hash", ""));
+  }
+
+  // ------------------------------------------------------------------ messages
+  void send(const std::string& peer, net::Body body, uint64_t r) {
+    net::Envelope env{cfg.run.name, r, std::move(body)};
+    const auto st = net->send(peer, net::encode(env));
+    if (st != net::SendStatus::kSent) {
+      spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
+    }
+  }
+
+  void refuse(const std::string& peer, const std::string& code, const std::string& why) {
+    spdlog::warn("refused {}: {}", peer, why);
+    send(peer, net::ErrorReply{code, why}, done_rounds);
+  }
+
+  int assign_shard(const std::string& name) {
+    auto& m = members[name];
+    if (m.shard >= 0) return m.shard;
+    std::vector<bool> used(static_cast<size_t>(cfg.outer.providers), false);
+    if (cfg.outer.shared_data) {
+      return m.shard = 0;  // every provider trains on the same data (replica checks)
+    }
+    for (const auto& [n, other] : members) {
+      if (other.shard >= 0 && other.shard < cfg.outer.providers) used[other.shard] = true;
+    }
+    for (int s = 0; s < cfg.outer.providers; ++s) {
+      if (!used[s]) return m.shard = s;
+    }
+    return -1;
+  }
+
+  void on_hello(const std::string& peer, const net::Hello& h) {
+    if (h.config_hash != common::config_hash(cfg)) {
+      refuse(peer, "config_hash", fmt::format("provider {} has config hash {}, the run has {}", peer,
+                                              h.config_hash, common::config_hash(cfg)));
+      return;
+    }
+    const int shard = assign_shard(peer);
+    if (shard < 0) {
+      refuse(peer, "full", fmt::format("all {} shards are taken; raise outer.providers",
+                                       cfg.outer.providers));
+      return;
+    }
+    auto& m = members[peer];
+    m.connected = true;
+    auto frame = state_enc.encode(const_views(pub(), slots()));
+    m.bytes_down += static_cast<double>(frame.size());
+    summary.bytes_down += static_cast<double>(frame.size());
+    net::Welcome w;
+    w.state = net::Frame(std::move(frame));
+    w.shard_index = static_cast<uint32_t>(shard);
+    w.shard_count = cfg.outer.shared_data ? 1u : static_cast<uint32_t>(cfg.outer.providers);
+    send(peer, w, done_rounds);
+    spdlog::info("provider {} joined (shard {}/{}), {} connected", peer, shard, cfg.outer.providers,
+                 connected_count());
+  }
+
+  void on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
+    auto it = members.find(peer);
+    if (it == members.end() || !it->second.connected) {
+      refuse(peer, "not_joined", fmt::format("contribution from {} before HELLO", peer));
+      return;
+    }
+    if (!in_round || r != round.round || !round.active.count(peer) || round.contributed.count(peer)) {
+      ++late_contributions;
+      spdlog::warn("dropped a contribution from {} for round {} (round {} {}): stale or duplicate",
+                   peer, r, round.round, in_round ? "open" : "closed");
+      return;
+    }
+    if (c.tokens == 0) {
+      refuse(peer, "bad_tokens", fmt::format("contribution of {} for round {} claims 0 tokens", peer, r));
+      return;
+    }
+    try {
+      dec.decode(c.payload.data(), c.payload.size(), views(scratch, slots()));
+    } catch (const compress::FrameError& e) {
+      refuse(peer, "bad_frame", fmt::format("contribution of {} for round {}: {}", peer, r, e.what()));
+      return;
+    }
+    delta.add_(scratch, static_cast<double>(c.tokens));
+    round.contributed[peer] = c.tokens;
+    frame_hashes[peer] = common::hash_hex(c.payload.data(), c.payload.size());
+    auto& m = it->second;
+    m.last_round = r;
+    m.tokens += c.tokens;
+    m.bytes_up += static_cast<double>(c.payload.size());
+    m.compute_s = c.compute_s;
+    summary.bytes_up += static_cast<double>(c.payload.size());
+  }
+
+  void handle(const net::Received& rx) {
+    net::Envelope env;
+    try {
+      env = net::decode(rx.message, cfg.run.name);
+    } catch (const net::ProtocolError& e) {
+      refuse(rx.peer, net::to_string(e.kind()), fmt::format("bad message from {}: {}", rx.peer, e.what()));
+      return;
+    }
+    std::visit(
+        [&](const auto& body) {
+          using T = std::decay_t<decltype(body)>;
+          if constexpr (std::is_same_v<T, net::Hello>) {
+            on_hello(rx.peer, body);
+          } else if constexpr (std::is_same_v<T, net::Contribution>) {
+            on_contribution(rx.peer, env.round, body);
+          } else if constexpr (std::is_same_v<T, net::Bye>) {
+            members[rx.peer].connected = false;
+            round.active.erase(rx.peer);
+            spdlog::warn("provider {} left: {}", rx.peer, body.reason);
+          } else if constexpr (std::is_same_v<T, net::ErrorReply>) {
+            spdlog::warn("provider {} reports an error: {} ({})", rx.peer, body.reason, body.code);
+          } else if constexpr (std::is_same_v<T, net::Heartbeat>) {
+          } else {
+            refuse(rx.peer, "unexpected", fmt::format("{} from a provider", net::to_string(env.type())));
+          }
+        },
+        env.body);
+  }
+
+  size_t connected_count() const {
+    size_t n = 0;
+    for (const auto& [name, m] : members) n += m.connected ? 1 : 0;
+    return n;
+  }
+
+  // ------------------------------------------------------------------ rounds
+  void start_round() {
+    round = RoundState{};
+    round.round = done_rounds + 1;
+    round.started = Clock::now();
+    for (const auto& [name, m] : members) {
+      if (m.connected) round.active.insert(name);
+    }
+    delta.zero_();
+    in_round = true;
+    for (const auto& p : round.active) send(p, net::RoundStart{}, round.round);
+  }
+
+  void close_round(const std::string& reason) {
+    const double collect_s = seconds_since(round.started);
+    double weight = 0, compute_s = 0;
+    for (const auto& [p, tok] : round.contributed) {
+      weight += static_cast<double>(tok);
+      compute_s = std::max(compute_s, members[p].compute_s);
+    }
+    delta.div_(weight);
+    opt->step(theta_true, delta);
+    std::vector<uint8_t> frame;
+    if (cfg.outer.codec_down == "fp32") {
+      down_enc.encode(const_views(theta_true, slots()), frame);
+    } else {
+      torch::sub_out(scratch, theta_true, pub());
+      down_enc.encode(const_views(scratch, slots()), frame);
+    }
+    apply_update(dec, frame, cfg.outer, pub(), slots());
+    net::Frame shared(std::move(frame));
+    for (auto& [name, m] : members) {
+      if (!m.connected) continue;
+      send(name, net::Update{shared}, round.round);
+      m.bytes_down += static_cast<double>(shared.size());
+      summary.bytes_down += static_cast<double>(shared.size());
+    }
+    in_round = false;
+    done_rounds = round.round;
+    json rec = {{"round", done_rounds},
+                {"participants", round.contributed.size()},
+                {"reason", reason},
+                {"bytes_up", summary.bytes_up},
+                {"bytes_down", summary.bytes_down},
+                {"update_bytes", shared.size()},
+                {"round_s", collect_s},
+                {"compute_s", compute_s},
+                {"comm_s", std::max(0.0, collect_s - compute_s)},
+                {"frames", frame_hashes},
+                {"theta_pub_hash", evaluator->param_hash()},
+                {"late_contributions", late_contributions}};
+    frame_hashes = json::object();
+    const bool last = static_cast<int>(done_rounds) >= total;
+    // The next round starts before the head evaluates or checkpoints, so providers never wait
+    // for either: both overlap the providers' inner steps.
+    // Wall of the round: from its ROUND_START to the next one (the update is out by now).
+    rec["round_wall_s"] = seconds_since(round.started);
+    rec["sync_overhead"] = std::max(0.0, 1.0 - compute_s / rec["round_wall_s"].get<double>());
+    if (!last) try_start_round();
+    if (last || (cfg.outer.eval_every > 0 && done_rounds % cfg.outer.eval_every == 0)) {
+      const auto e = evaluator->evaluate(*data);
+      rec["eval_loss"] = e.loss;
+      if (e.accuracy) rec["eval_accuracy"] = *e.accuracy;
+      summary.final_eval_loss = e.loss;
+    }
+    metrics.write(rec);
+    const double elapsed = seconds_since(t0);
+    spdlog::info("round {}/{} | {} providers | {} up | {} down | round {:.2f}s {}| ETA {}", done_rounds,
+                 total, rec["participants"].get<size_t>(), common::human_bytes(summary.bytes_up),
+                 common::human_bytes(summary.bytes_down), collect_s,
+                 rec.contains("eval_loss") ? fmt::format("| eval {:.4f} ", rec["eval_loss"].get<double>()) : "",
+                 common::human_duration(elapsed / static_cast<double>(done_rounds - resumed_from) *
+                                        (total - done_rounds)));
+    if (!last && cfg.outer.checkpoint_every > 0 && done_rounds % cfg.outer.checkpoint_every == 0) {
+      checkpoint();
+    }
+  }
+
+  // Starts the next round when enough providers are connected; otherwise says why (once).
+  void try_start_round() {
+    const auto d = decide_start(connected_count(), cfg.outer, first_round);
+    if (d.start) {
+      first_round = false;
+      start_round();
+    } else if (d.reason != last_wait_reason) {
+      spdlog::info("{}", d.reason);
+      last_wait_reason = d.reason;
+    }
+  }
+
+  int run() {
+    common::install_forwarding_handlers();
+    spdlog::info("head: run {} | {} rounds of H={} | codec up {} down {} | waiting for {} providers",
+                 cfg.run.name, total, cfg.outer.inner_steps, cfg.outer.codec_up,
+                 cfg.outer.codec_down, cfg.outer.providers);
+    while (static_cast<int>(done_rounds) < total) {
+      if (common::pending_signal() != 0) {
+        spdlog::warn("head interrupted after round {}; checkpointing", done_rounds);
+        checkpoint();
+        say_goodbye("head interrupted");
+        return 130;
+      }
+      if (auto rx = net->receive(std::chrono::milliseconds(50))) handle(*rx);
+      if (!in_round) {
+        try_start_round();
+        continue;
+      }
+      const auto d = decide(Clock::now(), round, cfg.outer);
+      if (d.action == RoundAction::kClose) close_round(d.reason);
+    }
+    summary.rounds = static_cast<int>(done_rounds);
+    summary.wall_s = seconds_since(t0);
+    summary.param_hash = evaluator->param_hash();
+    const double steps = static_cast<double>(cfg.inner.steps);
+    summary.fp32_dp_bytes = 2.0 * fp32_bytes(pub()) * steps * cfg.outer.providers;
+    checkpoint();
+    say_goodbye("run complete");
+    write_summary();
+    return 0;
+  }
+
+  void say_goodbye(const std::string& why) {
+    for (const auto& [name, m] : members) {
+      if (m.connected) send(name, net::Bye{why}, done_rounds);
+    }
+  }
+
+  void write_summary() {
+    const json s = {{"rounds", summary.rounds},
+                    {"final_eval_loss", summary.final_eval_loss},
+                    {"bytes_up", summary.bytes_up},
+                    {"bytes_down", summary.bytes_down},
+                    {"fp32_dp_bytes", summary.fp32_dp_bytes},
+                    {"bytes_vs_fp32_dp", (summary.bytes_up + summary.bytes_down) / summary.fp32_dp_bytes},
+                    {"wall_s", summary.wall_s},
+                    {"theta_pub_hash", summary.param_hash},
+                    {"head_peak_rss_bytes", common::peak_rss_bytes()},
+                    {"param_bytes", fp32_bytes(pub())},
+                    {"late_contributions", late_contributions}};
+    const auto path = opts.summary_file.empty() ? (fs::path(opts.run_dir) / "summary.json").string()
+                                                : opts.summary_file;
+    common::write_file_atomic(path, s.dump(2) + "\n");
+    spdlog::info("done: {} rounds, final eval loss {:.4f}, {} up, {} down ({:.5f} of fp32 data "
+                 "parallel), theta_pub {}",
+                 summary.rounds, summary.final_eval_loss, common::human_bytes(summary.bytes_up),
+                 common::human_bytes(summary.bytes_down), s["bytes_vs_fp32_dp"].get<double>(),
+                 summary.param_hash);
+  }
+};
+
+Head::Head(const common::Config& config, HeadOptions options,
+           std::unique_ptr<net::Transport> transport)
+    : impl_(std::make_unique<Impl>(config, std::move(options), std::move(transport))) {}
+Head::~Head() = default;
+int Head::run() { return impl_->run(); }
+const HeadSummary& Head::summary() const { return impl_->summary; }
+
+}  // namespace xloco::outer

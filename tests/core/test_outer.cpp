@@ -1,0 +1,319 @@
+// The DiLoCo outer loop: decisions with an injected clock, the outer optimizer against
+// torch::optim::SGD, and whole runs of `xloco local` / `xloco head` on loopback.
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/config.h"
+#include "common/safetensors.h"
+#include "helpers.h"
+#include "inner/trainer.h"
+#include "outer/outer_opt.h"
+#include "outer/round.h"
+
+// Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
+#include <doctest/doctest.h>
+
+using namespace xloco;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run run_xloco(const std::string& args) {
+  const std::string cmd = test::env_or("XLOCO_BIN", "xloco") + " " + args + " 2>&1";
+  Run r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::string cfg() { return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json"; }
+
+std::string small(const std::string& dir, const std::string& name) {
+  return " --config " + cfg() + " --set run.dir=" + dir + " --set run.name=" + name +
+         " --set model.d_model=32 --set model.n_layer=1 --set model.n_head=2"
+         " --set model.seq_len=32 --set inner.batch_size=8 --set inner.warmup_steps=2"
+         " --set inner.eval_batches=2 --set inner.log_every=5";
+}
+
+std::vector<json> jsonl(const fs::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+std::string provider_hash(const fs::path& run, const std::string& name) {
+  for (const auto& r : jsonl(run / "providers" / name / "metrics" / ("provider-" + name + ".jsonl"))) {
+    if (r.contains("final")) return r["theta_pub_hash"];
+  }
+  return "";
+}
+
+double max_abs_diff(const std::string& a, const std::string& b) {
+  const auto fa = common::read_safetensors(a), fb = common::read_safetensors(b);
+  double worst = 0;
+  REQUIRE(fa.tensors.size() == fb.tensors.size());
+  for (const auto& t : fa.tensors) {
+    const auto* u = fb.find(t.name);
+    REQUIRE(u != nullptr);
+    REQUIRE(u->data.size() == t.data.size());
+    const auto* x = reinterpret_cast<const float*>(t.data.data());
+    const auto* y = reinterpret_cast<const float*>(u->data.data());
+    for (size_t i = 0; i < t.data.size() / 4; ++i) worst = std::max(worst, double(std::abs(x[i] - y[i])));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_SUITE("outer") {
+  TEST_CASE("decide: closes when all active contributed, at the deadline with min_providers") {
+    common::OuterConfig c;
+    c.min_providers = 2;
+    c.round_timeout_s = 10;
+    outer::RoundState s;
+    s.round = 3;
+    s.started = outer::Clock::time_point{} + std::chrono::seconds(100);
+    s.active = {"a", "b", "c"};
+    s.contributed = {{"a", 10}};
+    auto d = outer::decide(s.started + std::chrono::seconds(1), s, c);
+    CHECK(d.action == outer::RoundAction::kWait);
+    CHECK(d.reason.find("b, c") != std::string::npos);
+    d = outer::decide(s.started + std::chrono::seconds(11), s, c);  // deadline, 1 < min 2
+    CHECK(d.action == outer::RoundAction::kWait);
+    s.contributed["b"] = 10;
+    d = outer::decide(s.started + std::chrono::seconds(5), s, c);
+    CHECK(d.action == outer::RoundAction::kWait);
+    d = outer::decide(s.started + std::chrono::seconds(11), s, c);
+    CHECK(d.action == outer::RoundAction::kClose);
+    CHECK(d.reason.find("deadline") != std::string::npos);
+    s.contributed["c"] = 10;
+    d = outer::decide(s.started + std::chrono::seconds(1), s, c);
+    CHECK(d.action == outer::RoundAction::kClose);
+    c.providers = 3;
+    CHECK(!outer::decide_start(2, c, /*first_round=*/true).start);  // round 1 waits for all K
+    CHECK(outer::decide_start(2, c, /*first_round=*/false).start);  // later: min_providers
+  }
+
+  TEST_CASE("outer Nesterov SGD matches torch::optim::SGD") {
+    common::OuterConfig c;  // lr 0.7, momentum 0.9, nesterov
+    torch::manual_seed(3);
+    auto theta = torch::randn({1000});
+    auto ref = theta.clone().requires_grad_(true);
+    torch::optim::SGD sgd({ref}, torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true));
+    outer::OuterOptimizer opt(c, 1000);
+    for (int i = 0; i < 5; ++i) {
+      auto delta = torch::randn({1000});
+      opt.step(theta, delta);
+      ref.mutable_grad() = delta.clone();
+      sgd.step();
+    }
+    CHECK(torch::allclose(theta, ref.detach(), 1e-6, 1e-6));
+  }
+
+  TEST_CASE("K=1, H=1, outer lr 1, momentum 0, fp32 both ways == xloco train (1e-6)") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("exact");
+    // The design default inner lr (4e-4): AdamW amplifies the outer step's fp32 rounding
+    // (theta - (theta - theta_1)) in proportion to the learning rate.
+    const std::string lr = " --set inner.lr=4e-4 --set inner.min_lr=4e-5";
+    auto t = run_xloco("train" + small(dir.str(), "single") + " --set inner.steps=20" + lr);
+    INFO(t.out);
+    REQUIRE(t.code == 0);
+    auto l = run_xloco("local --providers 1" + small(dir.str(), "diloco") +
+                   " --set inner.steps=20 --set outer.inner_steps=1 --set outer.lr=1"
+                   " --set outer.momentum=0 --set outer.codec_up=fp32 --set outer.codec_down=fp32"
+                   " --set outer.eval_every=0" + lr);
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    const double diff = max_abs_diff((dir.path / "single/ckpt/step-0000020/model.safetensors").string(),
+                                     (dir.path / "diloco/ckpt/round-000020/model.safetensors").string());
+    MESSAGE("max |diloco - train| = " << diff);
+    CHECK(diff <= 1e-6);
+    const auto summary = json::parse(std::ifstream(dir.path / "diloco/summary.json"));
+    CHECK(provider_hash(dir.path / "diloco", "provider-0") == summary["theta_pub_hash"]);
+  }
+
+  TEST_CASE("fp32 both ways: theta_pub == theta_true bit for bit; identical data gives identical pseudo-gradients") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("fp32");
+    auto l = run_xloco("local --providers 2" + small(dir.str(), "r") +
+                   " --set inner.steps=12 --set outer.inner_steps=4 --set outer.codec_up=fp32"
+                   " --set outer.codec_down=fp32 --set outer.shared_data=true");
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    const auto summary = json::parse(std::ifstream(dir.path / "r/summary.json"));
+    CHECK(provider_hash(dir.path / "r", "provider-0") == summary["theta_pub_hash"]);
+    CHECK(provider_hash(dir.path / "r", "provider-1") == summary["theta_pub_hash"]);
+    // θ_true (model.safetensors) equals θ_pub (outer.safetensors) bit for bit
+    const auto ckpt = dir.path / "r/ckpt/round-000003";
+    const auto model = common::read_safetensors((ckpt / "model.safetensors").string());
+    const auto outer_st = common::read_safetensors((ckpt / "outer.safetensors").string());
+    std::vector<uint8_t> theta_true;
+    for (const auto& t : model.tensors) theta_true.insert(theta_true.end(), t.data.begin(), t.data.end());
+    CHECK(outer_st.find("theta_pub")->data == theta_true);
+    const auto rounds = jsonl(dir.path / "r/metrics/head.jsonl");
+    REQUIRE(rounds.size() == 3);
+    for (const auto& r : rounds) {
+      CHECK(r["frames"]["provider-0"] == r["frames"]["provider-1"]);
+    }
+  }
+
+  TEST_CASE("int8 both ways: theta_pub is bit-identical on the head and every provider") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("int8");
+    auto l = run_xloco("local --providers 2" + small(dir.str(), "q") +
+                   " --set inner.steps=15 --set outer.inner_steps=5");
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    const auto summary = json::parse(std::ifstream(dir.path / "q/summary.json"));
+    CHECK(provider_hash(dir.path / "q", "provider-0") == summary["theta_pub_hash"]);
+    CHECK(provider_hash(dir.path / "q", "provider-1") == summary["theta_pub_hash"]);
+    CHECK(summary["bytes_vs_fp32_dp"].get<double>() < 0.1);
+    CHECK(l.out.find("final eval loss") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Starts `xloco ARGS` in its own process group with output to `log`; returns its pid.
+pid_t start_group(const std::string& args, const std::string& log) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string cmd = "exec " + test::env_or("XLOCO_BIN", "xloco") + " " + args + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  return pid;
+}
+
+bool wait_rounds(const fs::path& head_jsonl, size_t n, pid_t pid) {
+  for (int i = 0; i < 1800; ++i) {
+    if (fs::exists(head_jsonl) && jsonl(head_jsonl).size() >= n) return true;
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+pid_t find_process(const std::string& needle) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_SUITE("outer_faults") {
+  TEST_CASE("SIGTERM to the head checkpoints; --resume continues at the next round with the same theta and momentum") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("term");
+    const std::string args = "local --providers 1" + small(dir.str(), "t") +
+                             " --set inner.steps=4000 --set outer.inner_steps=5"
+                             " --set outer.checkpoint_every=1000";
+    const auto log = dir.str() + "/first.log";
+    const pid_t pid = start_group(args, log);
+    REQUIRE(wait_rounds(dir.path / "t/metrics/head.jsonl", 2, pid));
+    const pid_t head = find_process("xloco head --config");
+    REQUIRE(head > 0);
+    kill(head, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    INFO(slurp(log));
+    CHECK(WEXITSTATUS(status) == 130);
+    std::string latest;
+    std::ifstream(dir.path / "t/ckpt/latest") >> latest;
+    const auto st = json::parse(std::ifstream(dir.path / "t/ckpt" / latest / "state.json"));
+    const uint64_t done = st["round"];
+    CHECK(done >= 2);
+    CHECK(jsonl(dir.path / "t/metrics/head.jsonl").back()["round"] == done);
+
+    // resume with a shorter budget so it ends soon after
+    const auto log2 = dir.str() + "/second.log";
+    const std::string args2 = "local --providers 1 --resume" + small(dir.str(), "t") +
+                              " --set inner.steps=4000 --set outer.inner_steps=5"
+                              " --set outer.checkpoint_every=1000";
+    const pid_t pid2 = start_group(args2, log2);
+    REQUIRE(wait_rounds(dir.path / "t/metrics/head.jsonl", done + 2, pid2));
+    kill(pid2, SIGINT);
+    waitpid(pid2, &status, 0);
+    const auto out2 = slurp(log2);
+    INFO(out2);
+    CHECK(out2.find("resumed from") != std::string::npos);
+    CHECK(out2.find("theta_pub " + st["theta_pub_hash"].get<std::string>()) != std::string::npos);
+    CHECK(out2.find("momentum " + st["momentum_hash"].get<std::string>()) != std::string::npos);
+    const auto rounds = jsonl(dir.path / "t/metrics/head.jsonl");
+    CHECK(rounds[done]["round"] == done + 1);  // the first round after the resume
+  }
+
+  TEST_CASE("Ctrl+C on xloco local stops and reaps every child process") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("ctrlc");
+    const auto log = dir.str() + "/out.log";
+    const pid_t pid = start_group("local --providers 2 --nproc 2" + small(dir.str(), "c") +
+                                  " --set inner.steps=100000 --set outer.inner_steps=5", log);
+    REQUIRE(wait_rounds(dir.path / "c/metrics/head.jsonl", 1, pid));
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    INFO(slurp(log));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 130);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(kill(-pid, 0) == -1);  // nothing left in the process group
+    CHECK(errno == ESRCH);
+    CHECK(find_process(dir.str()) == -1);
+  }
+}

@@ -1,0 +1,81 @@
+// The protocol on its own: every message type encodes and decodes to itself, and every kind
+// of malformed header is told apart. The same cases cross real transports in
+// test_transport.cpp.
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "cases.h"
+#include "net/protocol.h"
+
+namespace xloco::net::test {
+
+TEST_SUITE("net.protocol") {
+  TEST_CASE("every message type round-trips") {
+    const auto envelopes = sample_envelopes();
+    REQUIRE(envelopes.size() == std::variant_size_v<Body>);
+    std::set<MessageType> types;
+    for (const Envelope& envelope : envelopes) {
+      CAPTURE(to_string(envelope.type()));
+      const Envelope back = decode(encode(envelope), kRun);
+      check_same(envelope, back);
+      types.insert(back.type());
+    }
+    CHECK(types.size() == std::variant_size_v<Body>);
+  }
+
+  TEST_CASE("the header frame is the JSON of design section 7") {
+    Envelope envelope{kRun, 7, Contribution{1234, 0.25, Frame(std::string_view("codec"))}};
+    const Message message = encode(envelope);
+    REQUIRE(message.size() == 2);
+    const std::string header(message[0].view());
+    CHECK(header.find("\"v\":1") != std::string::npos);
+    CHECK(header.find("\"type\":\"CONTRIBUTION\"") != std::string::npos);
+    CHECK(header.find("\"run\":\"run-7\"") != std::string::npos);
+    CHECK(header.find("\"round\":7") != std::string::npos);
+    CHECK(header.find("\"tokens\":1234") != std::string::npos);
+    CHECK(message[1].view() == "codec");
+    CHECK(message[1].data() == std::get<Contribution>(envelope.body).payload.data());  // shared
+  }
+
+  TEST_CASE("type names map both ways") {
+    for (int i = 0; i < static_cast<int>(std::variant_size_v<Body>); ++i) {
+      const auto type = static_cast<MessageType>(i);
+      CHECK(parse_message_type(to_string(type)) == type);
+    }
+    CHECK_FALSE(parse_message_type("hello").has_value());
+    CHECK(std::string(to_string(MessageType::kRoundStart)) == "ROUND_START");
+  }
+
+  TEST_CASE("each malformed header gets its own error kind") {
+    std::set<ProtocolErrorKind> kinds;
+    for (const MalformedCase& bad : malformed_cases()) {
+      CAPTURE(bad.name);
+      const auto kind = decode_error_kind(bad.message);
+      REQUIRE(kind.has_value());
+      CHECK(*kind == bad.kind);
+      kinds.insert(*kind);
+    }
+    CHECK(kinds.size() == kAllErrorKinds);
+  }
+
+  TEST_CASE("errors name their kind and never escape as anything but ProtocolError") {
+    try {
+      (void)decode({Frame(std::string_view("{\"v\":9}"))}, kRun);
+      FAIL("decode accepted version 9");
+    } catch (const ProtocolError& e) {
+      CHECK(e.kind() == ProtocolErrorKind::kWrongVersion);
+      CHECK(std::string(e.what()).find("wrong_version") != std::string::npos);
+    }
+    CHECK_THROWS_AS((void)decode({}, kRun), ProtocolError);
+  }
+
+  TEST_CASE("peek_round reads a round without trusting the message") {
+    CHECK(peek_round(encode({kRun, 42, Heartbeat{}})) == 42u);
+    CHECK_FALSE(peek_round({}).has_value());
+    CHECK_FALSE(peek_round({Frame(std::string_view("{\"round\":-1}"))}).has_value());
+    CHECK_FALSE(peek_round({Frame(std::string_view("\xff\xfe"))}).has_value());
+  }
+}
+
+}  // namespace xloco::net::test
