@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 XLOCO := $(BUILD)/src/cli/xloco
 
-.PHONY: all setup configure build demo test bench clean
+.PHONY: all setup configure build demo demo-train test bench clean
 
 all: build
 
@@ -19,7 +19,10 @@ build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
 demo: build
-	bash experiments/demo.sh $(XLOCO)
+	bash experiments/demo.sh $(XLOCO) local
+
+demo-train: build
+	bash experiments/demo.sh $(XLOCO) train
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600

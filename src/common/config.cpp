@@ -29,7 +29,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("run.seed", c.run.seed, Range{0, 9.0e15});
   v("run.device", c.run.device, Choices{});
   v("run.threads", c.run.threads, Range{0, 1024});
-  v("run.blas_threads", c.run.blas_threads, Range{1, 1024});
+  v("run.blas_threads", c.run.blas_threads, Range{0, 1024});
   v("data.dataset", c.data.dataset, Choices{"kjv", "fmnist"});
   v("data.sharding", c.data.sharding, Choices{"iid", "books", "dirichlet"});
   v("data.dirichlet_alpha", c.data.dirichlet_alpha, Range{1e-3, 1e6});

@@ -16,8 +16,8 @@ struct RunConfig {
   std::string dir = "runs";    // parent of run directories
   uint64_t seed = 1337;        // model init and data order
   std::string device = "auto"; // auto (CUDA when present) | cpu | cuda | cuda:N
-  int threads = 0;             // intra-op threads per rank; 0 = cores / ranks on this host
-  int blas_threads = 1;        // OpenBLAS threads per rank (measured: 1 is fastest, RESULTS.md)
+  int threads = 0;             // intra-op threads per rank; 0 = 1 (measured, RESULTS.md)
+  int blas_threads = 0;        // OpenBLAS threads per rank; 0 = cores / ranks on this host
 };
 
 struct DataConfig {

@@ -79,23 +79,37 @@ void write_safetensors(const std::string& path, const std::vector<TensorBlob>& t
   for (const auto& t : tensors) {
     int64_t numel = 1;
     for (auto d : t.shape) numel *= d;
-    XLOCO_ENFORCE(static_cast<uint64_t>(numel) * dtype_size(t.dtype) == t.data.size(), IoError,
-                  "safetensors: tensor {} has {} bytes, shape needs {}", t.name, t.data.size(),
+    XLOCO_ENFORCE(static_cast<uint64_t>(numel) * dtype_size(t.dtype) == t.size(), IoError,
+                  "safetensors: tensor {} has {} bytes, shape needs {}", t.name, t.size(),
                   numel * dtype_size(t.dtype));
     header[t.name] = {{"dtype", t.dtype},
                       {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.data.size()}}};
-    offset += t.data.size();
+                      {"data_offsets", {offset, offset + t.size()}}};
+    offset += t.size();
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  std::string bytes;
-  bytes.reserve(8 + h.size() + offset);
+  std::string head;
   const uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  bytes += h;
-  for (const auto& t : tensors) bytes.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
-  write_file_atomic(path, bytes);
+  for (int i = 0; i < 8; ++i) head.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  head += h;
+  // Streamed from the tensors' own memory: no second copy of a model in RAM.
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  XLOCO_ENFORCE(fd >= 0, IoError, "cannot create {}: {}", tmp, std::strerror(errno));
+  try {
+    write_all(fd, head.data(), head.size(), tmp);
+    for (const auto& t : tensors) write_all(fd, t.bytes(), t.size(), tmp);
+    XLOCO_ENFORCE(::fsync(fd) == 0, IoError, "fsync {}: {}", tmp, std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  XLOCO_ENFORCE(::rename(tmp.c_str(), path.c_str()) == 0, IoError, "rename {} -> {}: {}", tmp,
+                path, std::strerror(errno));
+  fsync_dir(std::filesystem::path(path).parent_path().string());
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {

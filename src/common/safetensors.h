@@ -16,6 +16,13 @@ struct TensorBlob {
   std::string dtype;  // "F32", "F64", "I64", "BF16", "U8", ...
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;  // little-endian, row-major
+  // Borrowed bytes instead of `data` (writing only): checkpoints of large models stream
+  // straight from the parameter buffers instead of copying them first.
+  const uint8_t* borrowed = nullptr;
+  size_t borrowed_size = 0;
+
+  const uint8_t* bytes() const { return borrowed ? borrowed : data.data(); }
+  size_t size() const { return borrowed ? borrowed_size : data.size(); }
 };
 
 struct SafetensorsFile {

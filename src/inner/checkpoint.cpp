@@ -41,7 +41,9 @@ LoadedModel load_model_checkpoint(const std::string& dir, const std::string& dev
   XLOCO_ENFORCE(state.contains("config"), common::IoError, "{}/state.json has no config", dir);
   LoadedModel out;
   out.config = common::parse_config(state["config"]);
-  out.step = state.value("step", int64_t{0});
+  // Train checkpoints count inner steps; head checkpoints count rounds of outer.inner_steps.
+  out.step = state.contains("step") ? state["step"].get<int64_t>()
+                                    : state.value("round", int64_t{0}) * out.config.outer.inner_steps;
   out.model = make_model(out.config);
   const auto file = common::read_safetensors(dir + "/model.safetensors");
   torch::NoGradGuard guard;

@@ -133,10 +133,11 @@ class KjvDataset : public Dataset {
                   n / kKjvBlock);
     const auto train = gather_blocks(text, kjv_train_blocks(n, shard, c.data.sharding));
     const auto val = gather_blocks(text, kjv_val_blocks(n));
+    // Kept as bytes (1 B per token, not 8): windows are widened to int64 when a batch is cut.
     train_ = torch::from_blob(const_cast<uint8_t*>(train.data()), {(int64_t)train.size()},
-                              torch::kUInt8).to(torch::kInt64);
+                              torch::kUInt8).clone();
     val_ = torch::from_blob(const_cast<uint8_t*>(val.data()), {(int64_t)val.size()},
-                            torch::kUInt8).to(torch::kInt64);
+                            torch::kUInt8).clone();
   }
 
   Batch train_batch(int64_t step, int rank, int world) const override {
@@ -177,7 +178,8 @@ class KjvDataset : public Dataset {
   Batch windows(const torch::Tensor& stream, const std::vector<int64_t>& starts) const {
     const int64_t T = config_.model.seq_len;
     auto idx = torch::tensor(starts, torch::kInt64).unsqueeze(1) + torch::arange(T + 1).unsqueeze(0);
-    auto w = stream.index_select(0, idx.flatten()).view({(int64_t)starts.size(), T + 1});
+    auto w = stream.index_select(0, idx.flatten()).view({(int64_t)starts.size(), T + 1})
+                 .to(torch::kInt64);
     Batch b;
     b.x = w.narrow(1, 0, T).contiguous();
     b.y = w.narrow(1, 1, T).contiguous();

@@ -28,8 +28,11 @@ torch::Device resolve_device(const std::string& device) {
 ThreadPlan configure_threads(const common::RunConfig& run, int ranks_on_host) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPlan plan;
-  plan.intra_op = run.threads > 0 ? run.threads : std::max(1, cores / std::max(1, ranks_on_host));
-  plan.blas = run.blas_threads;
+  // Measured on the tiny GPT (experiments/RESULTS.md): one intra-op thread and the rank's share
+  // of the cores for OpenBLAS is fastest; both at the core count oversubscribes and halves it.
+  const int share = std::max(1, cores / std::max(1, ranks_on_host));
+  plan.intra_op = run.threads > 0 ? run.threads : 1;
+  plan.blas = run.blas_threads > 0 ? run.blas_threads : share;
   at::set_num_threads(plan.intra_op);
   // OpenBLAS keeps its own pool; LibTorch's BLAS calls run inside intra-op threads already.
   // Looked up at run time: a LibTorch built on MKL (CUDA wheels) has no OpenBLAS.

@@ -17,7 +17,8 @@ struct ThreadPlan {
   int intra_op = 1;
   int blas = 1;
 };
-// threads = 0 means: the host's cores divided among the ranks that share it.
+// threads = 0 means 1 intra-op thread; blas_threads = 0 the host's cores divided among the ranks
+// that share it.
 ThreadPlan configure_threads(const common::RunConfig& run, int ranks_on_host);
 
 }  // namespace xloco::inner

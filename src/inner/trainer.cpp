@@ -26,6 +26,19 @@ common::TensorBlob to_blob(const std::string& name, const torch::Tensor& t) {
   return b;
 }
 
+common::TensorBlob view_blob(const std::string& name, const torch::Tensor& t) {
+  if (!t.device().is_cpu() || !t.is_contiguous() || t.scalar_type() != torch::kFloat32) {
+    return to_blob(name, t);
+  }
+  common::TensorBlob b;
+  b.name = name;
+  b.dtype = "F32";
+  b.shape.assign(t.sizes().begin(), t.sizes().end());
+  b.borrowed = static_cast<const uint8_t*>(t.data_ptr());
+  b.borrowed_size = static_cast<size_t>(t.numel()) * sizeof(float);
+  return b;
+}
+
 torch::Tensor from_blob(const common::TensorBlob& blob) {
   torch::ScalarType st;
   if (blob.dtype == "F32") {
@@ -131,12 +144,21 @@ void InnerTrainer::apply_adamw(double lr) {
   if (in.weight_decay > 0 && decay_numel_ > 0) {
     params_.narrow(0, 0, decay_numel_).mul_(1.0 - lr * in.weight_decay);
   }
-  exp_avg_.lerp_(g, 1.0 - in.beta1);
-  exp_avg_sq_.mul_(in.beta2).addcmul_(g, g, 1.0 - in.beta2);
   const double bc1 = 1.0 - std::pow(in.beta1, static_cast<double>(adam_t_));
   const double bc2 = 1.0 - std::pow(in.beta2, static_cast<double>(adam_t_));
-  auto denom = (exp_avg_sq_.sqrt() / std::sqrt(bc2)).add_(in.eps);
-  params_.addcdiv_(exp_avg_, denom, -lr / bc1);
+  // In chunks, so the one temporary (the denominator) is 4 MiB, not a copy of the model.
+  constexpr int64_t kChunk = 1 << 20;
+  const int64_t n = params_.numel();
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = std::min(kChunk, n - off);
+    auto p = params_.narrow(0, off, len), gc = g.narrow(0, off, len);
+    auto m = exp_avg_.narrow(0, off, len), v = exp_avg_sq_.narrow(0, off, len);
+    m.lerp_(gc, 1.0 - in.beta1);
+    v.mul_(in.beta2).addcmul_(gc, gc, 1.0 - in.beta2);
+    auto denom = v.sqrt();
+    denom.div_(std::sqrt(bc2)).add_(in.eps);
+    p.addcdiv_(m, denom, -lr / bc1);
+  }
 }
 
 EvalStats InnerTrainer::evaluate(const Dataset& data) {
@@ -172,13 +194,13 @@ std::string InnerTrainer::param_hash() const {
 std::vector<common::TensorBlob> InnerTrainer::model_blobs() const {
   std::vector<common::TensorBlob> out;
   // In the model's own (nanoGPT) order, not the flat layout order.
-  for (const auto& p : model_->named_parameters()) out.push_back(to_blob(p.key(), p.value()));
+  for (const auto& p : model_->named_parameters()) out.push_back(view_blob(p.key(), p.value()));
   return out;
 }
 
 std::vector<common::TensorBlob> InnerTrainer::optimizer_blobs() const {
   if (!exp_avg_.defined()) return {};
-  return {to_blob("exp_avg", exp_avg_), to_blob("exp_avg_sq", exp_avg_sq_),
+  return {view_blob("exp_avg", exp_avg_), view_blob("exp_avg_sq", exp_avg_sq_),
           to_blob("step", torch::tensor({adam_t_}, torch::kInt64))};
 }
 

@@ -60,7 +60,8 @@ class InnerTrainer {
   std::string param_hash() const;  // BLAKE2b of the flat parameters (on CPU)
   void reset_optimizer();
 
-  // Checkpoint state: the model under its nanoGPT names, and the AdamW moments.
+  // Checkpoint state: the model under its nanoGPT names, and the AdamW moments (borrowed:
+  // write them before the next step).
   std::vector<common::TensorBlob> model_blobs() const;
   std::vector<common::TensorBlob> optimizer_blobs() const;
   void load_model(const common::SafetensorsFile& file);  // names and shapes must match
@@ -82,8 +83,11 @@ class InnerTrainer {
   int64_t adam_t_ = 0;
 };
 
-// Tensor <-> safetensors blob helpers shared by checkpoints.
+// Tensor <-> safetensors blob helpers shared by checkpoints. to_blob copies; view_blob borrows
+// a contiguous CPU fp32 tensor's memory (copies anything else), so the tensor's storage must
+// outlive the write — it streams a large model to disk without a second copy in RAM.
 common::TensorBlob to_blob(const std::string& name, const torch::Tensor& t);
+common::TensorBlob view_blob(const std::string& name, const torch::Tensor& t);
 torch::Tensor from_blob(const common::TensorBlob& blob);
 
 }  // namespace xloco::inner

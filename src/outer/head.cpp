@@ -102,10 +102,10 @@ struct Head::Impl {
     common::CheckpointContents c;
     for (const auto& s : slots()) {
       c.files["model.safetensors"].push_back(
-          inner::to_blob(s.name, theta_true.narrow(0, s.offset, s.numel).view(s.shape)));
+          inner::view_blob(s.name, theta_true.narrow(0, s.offset, s.numel).view(s.shape)));
     }
-    c.files["outer.safetensors"] = {inner::to_blob("momentum", opt->momentum()),
-                                    inner::to_blob("theta_pub", pub())};
+    c.files["outer.safetensors"] = {inner::view_blob("momentum", opt->momentum()),
+                                    inner::view_blob("theta_pub", pub())};
     json m = json::object();
     for (const auto& [name, mem] : members) m[name] = {{"shard", mem.shard}, {"tokens", mem.tokens}};
     c.state = {{"round", done_rounds},
