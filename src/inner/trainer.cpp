@@ -1,5 +1,7 @@
 #include "inner/trainer.h"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -77,6 +79,11 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
     view.copy_(p);
     p.set_data(view);
   }
+  // The module's original parameter tensors were just freed. They came from the heap (each is
+  // under glibc's mmap threshold), and main() keeps freed heap memory resident for speed, so
+  // give this one-off model-sized block back now: otherwise it counts as a 1x-model RSS
+  // overhead for the life of the process.
+  ::malloc_trim(0);
 }
 
 void InnerTrainer::ensure_training_buffers() {
