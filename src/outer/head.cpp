@@ -49,7 +49,10 @@ struct Head::Impl {
   inner::Group solo{inner::DistOptions{}};
   std::unique_ptr<inner::Dataset> data;
   std::unique_ptr<inner::InnerTrainer> evaluator;  // its params() are θ_pub
-  torch::Tensor theta_true, delta, scratch;
+  torch::Tensor theta_true, delta;
+  torch::Tensor scratch;       // only for a contribution whose token count differs (lazy)
+  double ref_tokens = 0;       // tokens of the round's first contribution: weight 1
+  double weight_sum = 0;       // Σ tokens_i / ref_tokens over the round's contributions
   std::unique_ptr<OuterOptimizer> opt;
   compress::Encoder down_enc, state_enc;
   compress::Decoder dec;
@@ -81,8 +84,6 @@ struct Head::Impl {
       spdlog::info("warm start from {}", opts.init);
     }
     theta_true = pub.clone();
-    delta = torch::zeros_like(pub);
-    scratch = torch::zeros_like(pub);
     if (opts.resume) {
       resume();
     } else if (auto old = common::latest_checkpoint(ckpt_root())) {
@@ -229,13 +230,24 @@ struct Head::Impl {
       refuse(peer, "bad_tokens", fmt::format("contribution of {} for round {} claims 0 tokens", peer, r));
       return;
     }
+    // Δ accumulates Σ (tokens_i / tokens_first) · deq_i. Providers share H and the batch, so
+    // the weights are 1 and each frame is decoded straight into Δ: no model-sized buffer.
+    const double tokens = static_cast<double>(c.tokens);
+    const double w = ref_tokens == 0 ? 1.0 : tokens / ref_tokens;
     try {
-      dec.decode(c.payload.data(), c.payload.size(), views(scratch, slots()));
+      if (w == 1.0) {
+        dec.decode_add(c.payload.data(), c.payload.size(), views(delta, slots()));
+      } else {
+        if (!scratch.defined()) scratch = torch::empty_like(delta);
+        dec.decode(c.payload.data(), c.payload.size(), views(scratch, slots()));
+        delta.add_(scratch, w);
+      }
     } catch (const compress::FrameError& e) {
       refuse(peer, "bad_frame", fmt::format("contribution of {} for round {}: {}", peer, r, e.what()));
       return;
     }
-    delta.add_(scratch, static_cast<double>(c.tokens));
+    if (ref_tokens == 0) ref_tokens = tokens;
+    weight_sum += w;
     round.contributed[peer] = c.tokens;
     frame_hashes[peer] = common::hash_hex(c.payload.data(), c.payload.size());
     auto& m = it->second;
@@ -289,26 +301,28 @@ struct Head::Impl {
     for (const auto& [name, m] : members) {
       if (m.connected) round.active.insert(name);
     }
+    // Allocated at the first round, after the first WELCOME states have gone out, so that the
+    // head's peak holds only one of the two.
+    if (!delta.defined()) delta = torch::empty_like(pub());
     delta.zero_();
+    ref_tokens = 0;
+    weight_sum = 0;
     in_round = true;
     for (const auto& p : round.active) send(p, net::RoundStart{}, round.round);
   }
 
   void close_round(const std::string& reason) {
     const double collect_s = seconds_since(round.started);
-    double weight = 0, compute_s = 0;
-    for (const auto& [p, tok] : round.contributed) {
-      weight += static_cast<double>(tok);
-      compute_s = std::max(compute_s, members[p].compute_s);
-    }
-    delta.div_(weight);
+    double compute_s = 0;
+    for (const auto& [p, tok] : round.contributed) compute_s = std::max(compute_s, members[p].compute_s);
+    delta.div_(weight_sum);
     opt->step(theta_true, delta);
     std::vector<uint8_t> frame;
     if (cfg.outer.codec_down == "fp32") {
       down_enc.encode(const_views(theta_true, slots()), frame);
     } else {
-      torch::sub_out(scratch, theta_true, pub());
-      down_enc.encode(const_views(scratch, slots()), frame);
+      torch::sub_out(delta, theta_true, pub());  // Δ is spent: reuse its memory
+      down_enc.encode(const_views(delta, slots()), frame);
     }
     apply_update(dec, frame, cfg.outer, pub(), slots());
     net::Frame shared(std::move(frame));
