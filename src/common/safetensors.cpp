@@ -53,12 +53,17 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
+namespace {
+
+// Temp file in the same directory, `fill` writes it, fsync, rename, fsync the directory: a
+// crash leaves the old file or the new one, never a torn one.
+template <class Fill>
+void write_atomically(const std::string& path, Fill&& fill) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   XLOCO_ENFORCE(fd >= 0, IoError, "cannot create {}: {}", tmp, std::strerror(errno));
   try {
-    write_all(fd, bytes.data(), bytes.size(), tmp);
+    fill([&](const void* data, size_t n) { write_all(fd, data, n, tmp); });
     XLOCO_ENFORCE(::fsync(fd) == 0, IoError, "fsync {}: {}", tmp, std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -69,6 +74,12 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   XLOCO_ENFORCE(::rename(tmp.c_str(), path.c_str()) == 0, IoError, "rename {} -> {}: {}", tmp,
                 path, std::strerror(errno));
   fsync_dir(std::filesystem::path(path).parent_path().string());
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  write_atomically(path, [&](auto&& put) { put(bytes.data(), bytes.size()); });
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorBlob>& tensors,
@@ -94,22 +105,10 @@ void write_safetensors(const std::string& path, const std::vector<TensorBlob>& t
   for (int i = 0; i < 8; ++i) head.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   head += h;
   // Streamed from the tensors' own memory: no second copy of a model in RAM.
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  XLOCO_ENFORCE(fd >= 0, IoError, "cannot create {}: {}", tmp, std::strerror(errno));
-  try {
-    write_all(fd, head.data(), head.size(), tmp);
-    for (const auto& t : tensors) write_all(fd, t.bytes(), t.size(), tmp);
-    XLOCO_ENFORCE(::fsync(fd) == 0, IoError, "fsync {}: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  XLOCO_ENFORCE(::rename(tmp.c_str(), path.c_str()) == 0, IoError, "rename {} -> {}: {}", tmp,
-                path, std::strerror(errno));
-  fsync_dir(std::filesystem::path(path).parent_path().string());
+  write_atomically(path, [&](auto&& put) {
+    put(head.data(), head.size());
+    for (const auto& t : tensors) put(t.bytes(), t.size());
+  });
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {

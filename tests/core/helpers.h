@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdlib>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <filesystem>
 #include <string>
@@ -47,6 +50,25 @@ struct ScratchDir {
 inline std::string env_or(const char* key, const std::string& fallback) {
   const char* v = std::getenv(key);
   return v ? v : fallback;
+}
+
+struct RunResult {
+  int code = 0;         // exit status, or 128 + signal
+  std::string out;      // stdout and stderr
+};
+
+// Runs the real `xloco` binary (XLOCO_BIN, set by ctest) with `args`.
+inline RunResult run_xloco(const std::string& args) {
+  const std::string cmd = env_or("XLOCO_BIN", "xloco") + " " + args + " 2>&1";
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {127, "popen failed: " + cmd};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
 }
 
 }  // namespace xloco::test

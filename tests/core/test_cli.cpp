@@ -19,23 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = test::env_or("XLOCO_BIN", "xloco") + " " + args + " 2>&1";
-  Result r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+test::RunResult run(const std::string& args) { return test::run_xloco(args); }
 
 std::string config_path() {
   return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json";

@@ -30,23 +30,7 @@ using nlohmann::json;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-};
-
-Run run_xloco(const std::string& args) {
-  const std::string cmd = test::env_or("XLOCO_BIN", "xloco") + " " + args + " 2>&1";
-  Run r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using test::run_xloco;
 
 std::string cfg() { return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json"; }
 
