@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/metrics.h"
 
 namespace xloco::common {
 namespace {
@@ -262,13 +263,7 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("keep_checkpoints");
   j["outer"].erase("round_timeout_s");
   const std::string text = j.dump();
-  // FNV-1a 64: a fingerprint for a config agreement check, not a security boundary.
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : text) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  return fmt::format("{:016x}", h);
+  return hash_hex(text.data(), text.size());
 }
 
 }  // namespace xloco::common

@@ -344,7 +344,6 @@ struct Head::Impl {
                 {"compute_s", compute_s},
                 {"comm_s", std::max(0.0, collect_s - compute_s)},
                 {"frames", frame_hashes},
-                {"theta_pub_hash", evaluator->param_hash()},
                 {"late_contributions", late_contributions}};
     frame_hashes = json::object();
     const bool last = static_cast<int>(done_rounds) >= total;
@@ -354,6 +353,7 @@ struct Head::Impl {
     rec["round_wall_s"] = seconds_since(round.started);
     rec["sync_overhead"] = std::max(0.0, 1.0 - compute_s / rec["round_wall_s"].get<double>());
     if (!last) try_start_round();
+    rec["theta_pub_hash"] = evaluator->param_hash();
     if (last || (cfg.outer.eval_every > 0 && done_rounds % cfg.outer.eval_every == 0)) {
       const auto e = evaluator->evaluate(*data);
       rec["eval_loss"] = e.loss;

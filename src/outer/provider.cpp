@@ -23,7 +23,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// What the leader tells its ranks, over a Gloo broadcast of three int64s.
+// What the leader tells its ranks, over a Gloo broadcast of two int64s: (shard, shards) once,
+// then (command, round) per round.
 enum Command : int64_t { kStop = 0, kRound = 1 };
 
 class Leader {
@@ -145,7 +146,7 @@ int run_provider(const common::Config& cfg, const ProviderOptions& opts, inner::
   common::install_forwarding_handlers();
   const bool leader = group.leader();
   std::unique_ptr<Leader> lead;
-  auto ctrl = torch::zeros({3}, torch::kInt64);
+  auto ctrl = torch::zeros({2}, torch::kInt64);
   if (leader) {
     lead = std::make_unique<Leader>(cfg, opts, std::move(transport));
     const auto [shard, shards] = lead->join();

@@ -56,6 +56,15 @@ std::string provider_hash(const fs::path& run, const std::string& name) {
   return "";
 }
 
+// θ_pub at the end of the run: the head's (summary.json) and every provider's, all equal.
+void check_replicas_agree(const fs::path& run, int providers) {
+  const auto summary = json::parse(std::ifstream(run / "summary.json"));
+  for (int i = 0; i < providers; ++i) {
+    const std::string name = "provider-" + std::to_string(i);
+    CHECK_MESSAGE(provider_hash(run, name) == summary["theta_pub_hash"], name);
+  }
+}
+
 double max_abs_diff(const std::string& a, const std::string& b) {
   const auto fa = common::read_safetensors(a), fb = common::read_safetensors(b);
   double worst = 0;
@@ -140,8 +149,7 @@ TEST_SUITE("outer") {
                                      (dir.path / "diloco/ckpt/round-000020/model.safetensors").string());
     MESSAGE("max |diloco - train| = " << diff);
     CHECK(diff <= 1e-6);
-    const auto summary = json::parse(std::ifstream(dir.path / "diloco/summary.json"));
-    CHECK(provider_hash(dir.path / "diloco", "provider-0") == summary["theta_pub_hash"]);
+    check_replicas_agree(dir.path / "diloco", 1);
   }
 
   TEST_CASE("fp32 both ways: theta_pub == theta_true bit for bit; identical data gives identical pseudo-gradients") {
@@ -155,9 +163,7 @@ TEST_SUITE("outer") {
                    " --set outer.codec_down=fp32 --set outer.shared_data=true");
     INFO(l.out);
     REQUIRE(l.code == 0);
-    const auto summary = json::parse(std::ifstream(dir.path / "r/summary.json"));
-    CHECK(provider_hash(dir.path / "r", "provider-0") == summary["theta_pub_hash"]);
-    CHECK(provider_hash(dir.path / "r", "provider-1") == summary["theta_pub_hash"]);
+    check_replicas_agree(dir.path / "r", 2);
     // θ_true (model.safetensors) equals θ_pub (outer.safetensors) bit for bit
     const auto ckpt = dir.path / "r/ckpt/round-000003";
     const auto model = common::read_safetensors((ckpt / "model.safetensors").string());
@@ -182,9 +188,8 @@ TEST_SUITE("outer") {
                    " --set inner.steps=15 --set outer.inner_steps=5");
     INFO(l.out);
     REQUIRE(l.code == 0);
+    check_replicas_agree(dir.path / "q", 2);
     const auto summary = json::parse(std::ifstream(dir.path / "q/summary.json"));
-    CHECK(provider_hash(dir.path / "q", "provider-0") == summary["theta_pub_hash"]);
-    CHECK(provider_hash(dir.path / "q", "provider-1") == summary["theta_pub_hash"]);
     CHECK(summary["bytes_vs_fp32_dp"].get<double>() < 0.1);
     CHECK(l.out.find("final eval loss") != std::string::npos);
   }
