@@ -67,21 +67,13 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
   }
 
   // From here the payload size equals what the targets need, so allocating it is bounded.
+  if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
+    run_streamed(frame, info, targets, add);
+    return;
+  }
   const uint8_t* p = payload(frame, info);
   for (size_t i = 0; i < targets.size(); ++i) {
-    const TensorEntry& e = info.tensors[i];
-    const auto defect = kernels::check(info.codec, p + e.offset, e.numel, info.block_size);
-    if (!defect) continue;
-    const uint64_t at = e.offset + defect->byte_offset;
-    const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
-                                        : fmt::format("frame offset {}", info.stored_offset + at);
-    XLOCO_FRAME_ENFORCE(
-        defect->defect != kernels::Defect::kNonFinite, kNonFinite,
-        "tensor '{}' (#{}): NaN or Inf {} at {}", e.name, i,
-        info.codec == Codec::kInt8 || info.codec == Codec::kInt4 ? "scale" : "value", where);
-    XLOCO_FRAME_ENFORCE(false, kCorrupt,
-                        "tensor '{}' (#{}): block scale at {} is negative or above 2^120", e.name,
-                        i, where);
+    check_tensor(info, i, p + info.tensors[i].offset);
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorEntry& e = info.tensors[i];
@@ -89,9 +81,85 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
   }
 }
 
-const uint8_t* Decoder::payload(const uint8_t* frame, const FrameInfo& info) {
+void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const {
+  const TensorEntry& e = info.tensors[i];
+  const auto defect = kernels::check(info.codec, bytes, e.numel, info.block_size);
+  if (!defect) return;
+  const uint64_t at = e.offset + defect->byte_offset;
+  const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
+                                      : fmt::format("frame offset {}", info.stored_offset + at);
+  XLOCO_FRAME_ENFORCE(
+      defect->defect != kernels::Defect::kNonFinite, kNonFinite,
+      "tensor '{}' (#{}): NaN or Inf {} at {}", e.name, i,
+      info.codec == Codec::kInt8 || info.codec == Codec::kInt4 ? "scale" : "value", where);
+  XLOCO_FRAME_ENFORCE(false, kCorrupt,
+                      "tensor '{}' (#{}): block scale at {} is negative or above 2^120", e.name, i,
+                      where);
+}
+
+// A large compressed payload is decompressed twice, one tensor at a time into a buffer the size
+// of the largest tensor: the first pass checks every value and the zstd checksum, the second
+// writes the targets. Nothing is written unless the whole frame is sound, and no buffer the
+// size of the payload is ever held.
+void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
+                           const std::vector<TensorRef>& targets, bool add) {
+  const uint8_t* stored = check_zstd_frame(frame, info);
+  uint64_t largest = 1;
+  for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
+  reserve_scratch(largest);
+  for (int pass = 0; pass < 2; ++pass) {
+    ZSTD_DCtx* dctx = zstd_->dctx;
+    XLOCO_ENFORCE(!ZSTD_isError(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)), common::Error,
+                  "zstd decoder reset failed");
+    ZSTD_inBuffer in{stored, info.stored_bytes, 0};
+    const auto fail = [&](const std::string& why) {
+      XLOCO_FRAME_ENFORCE(false, kCorrupt, "zstd payload at frame offset {}: {}",
+                          info.stored_offset, why);
+    };
+    int stalled = 0;  // zstd may return without progress between stages; it gives up at 16
+    const auto step = [&](ZSTD_outBuffer& out) {
+      const size_t in_before = in.pos, out_before = out.pos;
+      const size_t rc = ZSTD_decompressStream(dctx, &out, &in);
+      if (ZSTD_isError(rc)) fail(ZSTD_getErrorName(rc));
+      stalled = in.pos == in_before && out.pos == out_before ? stalled + 1 : 0;
+      if (stalled > 32) fail("truncated");
+      return rc;
+    };
+    size_t left = 1;  // 0 once zstd has seen the frame end and verified its checksum
+    for (size_t i = 0; i < info.tensors.size(); ++i) {
+      const TensorEntry& e = info.tensors[i];
+      ZSTD_outBuffer out{scratch_.get(), e.bytes, 0};
+      while (out.pos < out.size) {
+        left = step(out);
+        if (left == 0 && out.pos < out.size) fail("ends before the payload does");
+      }
+      if (pass == 0) {
+        check_tensor(info, i, scratch_.get());
+      } else {
+        kernels::decode(info.codec, scratch_.get(), e.numel, info.block_size, targets[i].data, add);
+      }
+    }
+    if (pass == 0) {  // the epilogue: frame end and content checksum
+      uint8_t extra = 0;
+      ZSTD_outBuffer more{&extra, 1, 0};
+      while (left != 0) {
+        left = step(more);
+        if (more.pos != 0) fail("longer than the header declares");
+      }
+      if (in.pos != in.size) fail("bytes after the zstd frame");
+    }
+  }
+}
+
+void Decoder::reserve_scratch(uint64_t bytes) {
+  if (scratch_bytes_ >= bytes && scratch_) return;
+  scratch_.reset();
+  scratch_bytes_ = std::max<uint64_t>(bytes, 1);
+  scratch_.reset(new uint8_t[scratch_bytes_]);
+}
+
+const uint8_t* Decoder::check_zstd_frame(const uint8_t* frame, const FrameInfo& info) const {
   const uint8_t* stored = frame + info.stored_offset;
-  if (!info.zstd) return stored;
   const unsigned long long declared = ZSTD_getFrameContentSize(stored, info.stored_bytes);
   XLOCO_FRAME_ENFORCE(declared == info.payload_bytes, kCorrupt,
                       "zstd payload at frame offset {} {}, the header declares {} bytes",
@@ -103,11 +171,13 @@ const uint8_t* Decoder::payload(const uint8_t* frame, const FrameInfo& info) {
                       ZSTD_isError(frame_size) ? ZSTD_getErrorName(frame_size)
                                                : fmt::format("{} bytes", frame_size),
                       info.stored_bytes);
-  if (scratch_bytes_ < info.payload_bytes || !scratch_) {
-    scratch_.reset();
-    scratch_bytes_ = std::max<uint64_t>(info.payload_bytes, 1);
-    scratch_.reset(new uint8_t[scratch_bytes_]);
-  }
+  return stored;
+}
+
+const uint8_t* Decoder::payload(const uint8_t* frame, const FrameInfo& info) {
+  if (!info.zstd) return frame + info.stored_offset;
+  const uint8_t* stored = check_zstd_frame(frame, info);
+  reserve_scratch(info.payload_bytes);
   const size_t n = ZSTD_decompressDCtx(zstd_->dctx, scratch_.get(), info.payload_bytes, stored,
                                        info.stored_bytes);
   XLOCO_FRAME_ENFORCE(!ZSTD_isError(n) && n == info.payload_bytes, kCorrupt,

@@ -47,9 +47,17 @@ class Decoder {
  private:
   void run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets, bool add);
   const uint8_t* payload(const uint8_t* frame, const FrameInfo& info);
+  void run_streamed(const uint8_t* frame, const FrameInfo& info,
+                    const std::vector<TensorRef>& targets, bool add);
+  void check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const;
+  const uint8_t* check_zstd_frame(const uint8_t* frame, const FrameInfo& info) const;
+  void reserve_scratch(uint64_t bytes);
 
   Limits limits_;
-  std::unique_ptr<uint8_t[]> scratch_;  // decompressed payload; sized by validated targets
+  // Compressed payloads up to this size are decompressed whole in one pass; larger ones are
+  // streamed one tensor at a time (two passes), so memory stays at the largest tensor.
+  static constexpr uint64_t kWholePayloadBytes = 8ull << 20;
+  std::unique_ptr<uint8_t[]> scratch_;  // decompressed payload or tensor; sized by validated targets
   uint64_t scratch_bytes_ = 0;
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;

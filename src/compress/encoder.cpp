@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -111,13 +112,23 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
   XLOCO_FRAME_ENFORCE(prefix - kHeaderBytes <= std::numeric_limits<uint32_t>::max(), kOverLimit,
                       "tensor table of {} bytes, the format carries up to 4 GiB",
                       prefix - kHeaderBytes);
+  // With zstd, each tensor is quantized into a scratch buffer the size of the largest tensor
+  // and streamed into the compressor: the uncompressed payload never exists in full.
   uint8_t* payload = nullptr;
+  ZSTD_outBuffer out{nullptr, 0, 0};
   if (zstd_) {
-    if (scratch_bytes_ < info.payload_bytes) {
-      scratch_.reset(new uint8_t[info.payload_bytes]);
-      scratch_bytes_ = info.payload_bytes;
+    uint64_t largest = 1;
+    for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
+    if (scratch_bytes_ < largest) {
+      scratch_.reset();
+      scratch_.reset(new uint8_t[largest]);
+      scratch_bytes_ = largest;
     }
-    payload = scratch_.get();
+    const size_t bound = ZSTD_compressBound(info.payload_bytes);
+    frame.resize(prefix + bound);
+    out = ZSTD_outBuffer{frame.data() + prefix, bound, 0};
+    check_zstd(ZSTD_CCtx_reset(zstd_->cctx, ZSTD_reset_session_only), "reset");
+    check_zstd(ZSTD_CCtx_setPledgedSrcSize(zstd_->cctx, info.payload_bytes), "pledged size");
   } else {
     frame.resize(prefix + info.payload_bytes);
     payload = frame.data() + prefix;
@@ -127,8 +138,8 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
     const ConstTensorRef& in = inputs[i];
     const TensorEntry& e = info.tensors[i];
     float* residual = feedback ? residual_for(e.name, e.numel) : nullptr;
-    const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size,
-                                        payload + e.offset);
+    uint8_t* dst = zstd_ ? scratch_.get() : payload + e.offset;
+    const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size, dst);
     if (defect) {
       // With feedback, the residual holds x + e for the defective block.
       const float x = in.data[defect->index];
@@ -143,21 +154,38 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
           false, kOverLimit, "tensor '{}' (#{}): element {} is {}, beyond the {} range ±{}", e.name,
           i, defect->index, value, to_string(info.codec), kernels::max_encodable(info.codec));
     }
+    if (zstd_) {
+      ZSTD_inBuffer src{dst, e.bytes, 0};
+      while (src.pos < src.size) {
+        const size_t rc = ZSTD_compressStream2(zstd_->cctx, &out, &src, ZSTD_e_continue);
+        XLOCO_ENFORCE(!ZSTD_isError(rc), common::Error, "zstd compression failed: {}",
+                      ZSTD_getErrorName(rc));
+      }
+    }
   }
 
   info.stored_bytes = info.payload_bytes;
   if (zstd_) {
-    const size_t bound = ZSTD_compressBound(info.payload_bytes);
-    frame.resize(prefix + bound);
-    const size_t c =
-        ZSTD_compress2(zstd_->cctx, frame.data() + prefix, bound, payload, info.payload_bytes);
-    XLOCO_ENFORCE(!ZSTD_isError(c), common::Error, "zstd compression failed: {}",
-                  ZSTD_getErrorName(c));
+    ZSTD_inBuffer none{nullptr, 0, 0};
+    for (size_t left = 1; left != 0;) {
+      left = ZSTD_compressStream2(zstd_->cctx, &out, &none, ZSTD_e_end);
+      XLOCO_ENFORCE(!ZSTD_isError(left), common::Error, "zstd compression failed: {}",
+                    ZSTD_getErrorName(left));
+    }
+    const size_t c = out.pos;
     info.zstd = c + info.payload_bytes / kMinZstdSaving < info.payload_bytes;
     if (info.zstd) {
       info.stored_bytes = c;
     } else if (info.payload_bytes != 0) {
-      std::memcpy(frame.data() + prefix, payload, info.payload_bytes);
+      // zstd did not pay: store the payload raw, recovered from what was just compressed (the
+      // residuals have moved on, so it cannot be quantized again).
+      const std::vector<uint8_t> packed(frame.begin() + static_cast<std::ptrdiff_t>(prefix),
+                                        frame.begin() + static_cast<std::ptrdiff_t>(prefix + c));
+      frame.resize(prefix + info.payload_bytes);
+      const size_t n =
+          ZSTD_decompress(frame.data() + prefix, info.payload_bytes, packed.data(), packed.size());
+      XLOCO_ENFORCE(!ZSTD_isError(n) && n == info.payload_bytes, common::Error,
+                    "zstd round trip of an incompressible payload failed");
     }
     frame.resize(prefix + info.stored_bytes);
   }

@@ -52,7 +52,7 @@ class Encoder {
 
   CodecConfig config_;
   std::unordered_map<std::string, std::vector<float>> residuals_;
-  std::unique_ptr<uint8_t[]> scratch_;  // quantized payload before zstd; never zero-filled
+  std::unique_ptr<uint8_t[]> scratch_;  // one quantized tensor before zstd; never zero-filled
   uint64_t scratch_bytes_ = 0;
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;

@@ -234,6 +234,12 @@ struct Head::Impl {
     // the weights are 1 and each frame is decoded straight into Δ: no model-sized buffer.
     const double tokens = static_cast<double>(c.tokens);
     const double w = ref_tokens == 0 ? 1.0 : tokens / ref_tokens;
+    if (ref_tokens == 0) {
+      // Allocated at the first contribution, by when the provider has received its WELCOME:
+      // the head never holds Δ and a full fp32 state in flight at the same time at start-up.
+      if (!delta.defined()) delta = torch::empty_like(pub());
+      delta.zero_();
+    }
     try {
       if (w == 1.0) {
         dec.decode_add(c.payload.data(), c.payload.size(), views(delta, slots()));
@@ -301,10 +307,6 @@ struct Head::Impl {
     for (const auto& [name, m] : members) {
       if (m.connected) round.active.insert(name);
     }
-    // Allocated at the first round, after the first WELCOME states have gone out, so that the
-    // head's peak holds only one of the two.
-    if (!delta.defined()) delta = torch::empty_like(pub());
-    delta.zero_();
     ref_tokens = 0;
     weight_sum = 0;
     in_round = true;

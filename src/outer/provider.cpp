@@ -88,12 +88,15 @@ class Leader {
     }
   }
 
-  void contribute(uint64_t r, const torch::Tensor& theta_pub, const torch::Tensor& theta,
+  // δ = θ_pub − θ is computed in θ's own memory (on a GPU, in its host copy): θ is spent once
+  // the round's steps are done, and the next round starts by overwriting it with θ_pub.
+  void contribute(uint64_t r, const torch::Tensor& theta_pub, torch::Tensor& theta,
                   const Slots& slots, uint64_t tokens, double compute_s) {
-    if (!delta_.defined()) delta_ = torch::empty_like(theta_pub);
-    torch::sub_out(delta_, theta_pub, theta.to(torch::kCPU));
+    torch::NoGradGuard guard;
+    torch::Tensor delta = theta.is_cpu() ? theta : theta.to(torch::kCPU);
+    torch::sub_out(delta, theta_pub, delta);
     std::vector<uint8_t> frame;
-    up_.encode(const_views(delta_, slots), frame);
+    up_.encode(const_views(delta, slots), frame);
     bytes_up_ += static_cast<double>(frame.size());
     net::Contribution c;
     c.tokens = tokens;
@@ -134,7 +137,6 @@ class Leader {
   compress::Decoder dec_;
   net::Welcome welcome_;
   uint64_t done_round_ = 0;
-  torch::Tensor delta_;
   bool stopped_by_signal_ = false;
   double bytes_up_ = 0;
 };

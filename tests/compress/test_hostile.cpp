@@ -296,6 +296,62 @@ TEST_SUITE("hostile") {
     }
     MESSAGE(rejected << " of 2400 edited frames rejected");
   }
+
+  // Payloads over the decoder's 8 MiB whole-buffer limit are decompressed one tensor at a time
+  // in two passes (check, then write), and the encoder quantizes one tensor at a time into
+  // zstd: neither holds a payload-sized buffer, and a bad frame still writes nothing.
+  TEST_CASE("large zstd payloads stream per tensor: same values, no payload-sized buffer") {
+    TensorSet in;
+    for (int t = 0; t < 4; ++t) {
+      in.add("layer" + std::to_string(t), {3, 1000 * 1000}, testing::heavy_tailed(3000000, 50 + t));
+    }
+    CodecConfig c;
+    c.codec = Codec::kInt8;
+    c.zstd_level = 1;
+    c.error_feedback = false;  // residuals are tensor-sized by design
+    std::vector<uint8_t> streamed;
+    streamed.reserve(ZSTD_compressBound(13u << 20) + 4096);  // the frame is the caller's buffer
+    testing::reset_largest_allocation();
+    Encoder(c).encode(in.inputs(), streamed);
+    const size_t encode_peak = testing::largest_allocation();
+    const FrameInfo info = parse_frame(streamed.data(), streamed.size(), {});
+    REQUIRE(info.zstd);
+    REQUIRE(info.payload_bytes > (8u << 20));
+    CHECK(encode_peak < (4u << 20));  // one 3M-element tensor, not the 12 MB payload
+
+    c.zstd_level = 0;
+    const auto raw = Encoder(c).encode(in.inputs());
+    TensorSet want = in.like(0.0f), got = in.like(0.0f);
+    Decoder().decode(raw, want.targets());
+    Decoder dec;
+    testing::reset_largest_allocation();
+    dec.decode(streamed, got.targets());
+    CHECK(testing::largest_allocation() < (4u << 20));
+    CHECK(got.data == want.data);
+    dec.decode_add(streamed, got.targets());
+    for (size_t i = 0; i < 1000; ++i) REQUIRE(got.data[3][i] == want.data[3][i] + want.data[3][i]);
+
+    // Flipped bytes at the start, middle and end (content checksum) of the stored payload:
+    // Corrupt, and nothing written (decode_kind checks the targets), or harmless.
+    for (const size_t at : {info.stored_offset + 40, info.stored_offset + info.stored_bytes / 2,
+                            streamed.size() - 2}) {
+      auto f = streamed;
+      f[at] ^= 0x10;
+      const auto kind = decode_kind(f, in);
+      if (kind) {
+        CHECK(*kind == FrameErrorKind::kCorrupt);
+      } else {
+        TensorSet out = in.like(0.0f);
+        Decoder().decode(f, out.targets());
+        CHECK(out.data == want.data);
+      }
+    }
+    // A stored payload cut short inside (sizes patched to match) is Corrupt, nothing written.
+    auto cut = streamed;
+    cut.resize(cut.size() - info.stored_bytes / 3);
+    put<uint64_t>(cut, kStoredBytesAt, info.stored_bytes - info.stored_bytes / 3);
+    CHECK(decode_kind(cut, in) == FrameErrorKind::kCorrupt);
+  }
 }
 
 }  // namespace

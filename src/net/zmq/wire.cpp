@@ -69,6 +69,7 @@ Frame assemble(std::vector<::zmq::message_t>& parts, std::size_t first, std::siz
   for (std::size_t i = first; offset < size; ++i) {
     std::memcpy(bytes + offset, parts[i].data(), parts[i].size());
     offset += parts[i].size();
+    parts[i].rebuild();  // each part is freed once copied: the frame is never held twice
   }
   return Frame(std::move(owner), bytes, size);
 }
