@@ -17,6 +17,8 @@ PACKAGES=(
   python3 python3-torch python3-numpy
   # network tests (namespaces, rate limits)
   iproute2 procps
+  # promtool, which lints the head's /metrics in the tests
+  prometheus
 )
 PACKAGES+=(${XLOCO_EXTRA_PACKAGES:-})
 

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 void add_head_command(CLI::App& app) {
   struct Args {
-    std::string config, bind = "tcp://0.0.0.0:7700", advertise, key, init, endpoint_file;
+    std::string config, bind = "tcp://0.0.0.0:7700", advertise, key, init, endpoint_file, http;
     std::vector<std::string> overrides, allow;
     bool insecure = false, resume = false;
   };
@@ -38,6 +38,9 @@ void add_head_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint");
   cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)");
   cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening");
+  cmd->add_option("--http", a->http,
+                  "serve GET /status and /metrics on HOST:PORT (port 0 picks a free one; the URL "
+                  "goes to runs/NAME/status.url)");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
     inner::configure_threads(cfg.run, 1);
@@ -77,6 +80,7 @@ void add_head_command(CLI::App& app) {
     ho.run_dir = run_dir.string();
     ho.resume = a->resume;
     ho.init = a->init;
+    ho.http = a->http;
     outer::Head head(cfg, ho, std::move(server));
     const int rc = head.run();
     if (rc != 0) throw CLI::RuntimeError(rc);

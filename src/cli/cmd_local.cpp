@@ -85,7 +85,8 @@ int run_local(const LocalArgs& in) {
   const std::string exe = common::self_exe();
   std::vector<std::string> head_argv = with_overrides({exe, "head"}, a);
   head_argv.insert(head_argv.end(), {"--bind", "tcp://127.0.0.1:0", "--endpoint-file",
-                                     (run_dir / "head.endpoint").string()});
+                                     (run_dir / "head.endpoint").string(), "--http",
+                                     "127.0.0.1:0"});
   if (a.resume) head_argv.push_back("--resume");
   if (a.insecure) {
     head_argv.push_back("--insecure");
@@ -127,7 +128,10 @@ int run_local(const LocalArgs& in) {
     common::wait_children(pids, labels);
     return 1;
   }
-  const auto results = common::wait_children(pids, labels);
+  common::WaitOptions wo;
+  wo.critical.assign(pids.size(), false);
+  wo.critical[0] = true;  // the head; providers may die and come back (elastic)
+  const auto results = common::wait_children(pids, labels, wo);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (common::pending_signal() != 0) {
     fmt::print("interrupted; every child process has been stopped. Resume the head with "
@@ -135,14 +139,18 @@ int run_local(const LocalArgs& in) {
     return 130;
   }
   for (const auto& r : results) {
-    if (r.exit_code == 130) {
+    if (r.exit_code == 130 && &r == &results.front()) {
       fmt::print("{} was interrupted; resume with `xloco local --resume` and the same config.\n",
                  r.label);
       return 130;
     }
-    if (r.exit_code != 0) {
+    if (r.exit_code != 0 && &r == &results.front()) {
       spdlog::error("{} exited with code {}", r.label, r.exit_code);
       return r.exit_code;
+    }
+    if (r.exit_code != 0) {
+      spdlog::warn("{} exited with code {} during the run (the head went on without it)", r.label,
+                   r.exit_code);
     }
   }
   print_summary(run_dir, wall);

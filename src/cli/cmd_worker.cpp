@@ -1,5 +1,6 @@
 // `xloco worker --head ADDR`: one provider cluster joining a head. With --nproc R this process
 // starts R ranks (a Gloo group); rank 0 is the leader that talks to the head.
+#include <algorithm>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -45,7 +46,10 @@ void add_worker_command(CLI::App& app) {
       return;
     }
     auto dist = inner::dist_options_from_env();
-    dist.timeout = std::chrono::seconds(static_cast<int64_t>(cfg.outer.round_timeout_s) + 60);
+    // Ranks wait in a broadcast while their leader waits for the head (a round, or a head that
+    // restarts): the group's timeout must outlast both.
+    dist.timeout = std::chrono::seconds(
+        static_cast<int64_t>(std::max(cfg.outer.round_timeout_s, cfg.outer.head_timeout_s)) + 60);
     inner::configure_threads(cfg.run, ranks_on_host(dist.world));
     if (dist.rank != 0) spdlog::set_level(spdlog::level::warn);
     std::unique_ptr<net::Transport> link;
@@ -58,8 +62,13 @@ void add_worker_command(CLI::App& app) {
         XLOCO_ENFORCE(!a->key.empty() && !a->head_pub.empty(), common::ConfigError,
                       "worker: --key FILE and --head-pub KEY are required (or --insecure)");
         co.key = net::load_keypair(a->key);
-        co.server_public_key = net::is_z85_key(a->head_pub) ? a->head_pub
-                                                            : net::load_public_key(a->head_pub);
+        // A file wins over Z85 text: a 40-character path is also valid Z85.
+        co.server_public_key = fs::exists(a->head_pub) ? net::load_public_key(a->head_pub)
+                               : net::is_z85_key(a->head_pub)
+                                   ? a->head_pub
+                                   : throw common::ConfigError(fmt::format(
+                                         "worker: --head-pub {}: neither a file nor a 40-character "
+                                         "Z85 key", a->head_pub));
       }
       link = std::make_unique<net::zeromq::Client>(co);
     }

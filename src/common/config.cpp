@@ -70,6 +70,12 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.keep_checkpoints", c.outer.keep_checkpoints, Range{1, 1e6});
   v("outer.eval_every", c.outer.eval_every, Range{0, 1e9});
   v("outer.round_timeout_s", c.outer.round_timeout_s, Range{1, 1e7});
+  v("outer.deadline_multiple", c.outer.deadline_multiple, Range{1, 1000});
+  v("outer.deadline_min_s", c.outer.deadline_min_s, Range{0.1, 1e7});
+  v("outer.start_grace_s", c.outer.start_grace_s, Range{0, 1e7});
+  v("outer.heartbeat_s", c.outer.heartbeat_s, Range{0.05, 3600});
+  v("outer.dead_after_s", c.outer.dead_after_s, Range{0.2, 1e7});
+  v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
 }
 
@@ -160,6 +166,9 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.min_providers <= c.outer.providers, ConfigError,
                 "config: outer.min_providers = {} must not exceed outer.providers = {}",
                 c.outer.min_providers, c.outer.providers);
+  XLOCO_ENFORCE(c.outer.dead_after_s >= 2 * c.outer.heartbeat_s, ConfigError,
+                "config: outer.dead_after_s = {:g} must be at least twice outer.heartbeat_s = {:g}",
+                c.outer.dead_after_s, c.outer.heartbeat_s);
   XLOCO_ENFORCE(c.outer.codec_up != "int4" || c.outer.block_size % 2 == 0, ConfigError,
                 "config: outer.block_size = {} must be even for int4", c.outer.block_size);
   XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
@@ -261,7 +270,11 @@ std::string config_hash(const Config& c) {
   j["inner"].erase("checkpoint_every");
   j["outer"].erase("checkpoint_every");
   j["outer"].erase("keep_checkpoints");
-  j["outer"].erase("round_timeout_s");
+  for (const char* timing : {"round_timeout_s", "deadline_multiple", "deadline_min_s",
+                             "start_grace_s", "heartbeat_s", "dead_after_s", "head_timeout_s",
+                             "providers", "min_providers"}) {
+    j["outer"].erase(timing);  // the head's business: providers need not agree on them
+  }
   const std::string text = j.dump();
   return hash_hex(text.data(), text.size());
 }

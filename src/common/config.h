@@ -68,7 +68,13 @@ struct OuterConfig {
   int checkpoint_every = 5;      // rounds between head checkpoints (and on SIGINT/SIGTERM)
   int keep_checkpoints = 3;      // newest head checkpoints kept
   int eval_every = 1;            // rounds between evals of theta_pub on the head; 0 = end only
-  double round_timeout_s = 3600; // round deadline; also the longest a provider waits for the head
+  double round_timeout_s = 3600; // longest a round may run (the deadline before any is measured)
+  double deadline_multiple = 3;  // a round's deadline: this × the median round time of its providers
+  double deadline_min_s = 30;    // ... but never less than this
+  double start_grace_s = 120;    // round 1 waits this long for all K providers, then min_providers
+  double heartbeat_s = 2;        // heartbeat period, both ways
+  double dead_after_s = 20;      // a provider silent this long is dead (its round goes on without it)
+  double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
 };
 

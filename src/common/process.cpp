@@ -110,6 +110,20 @@ std::vector<ChildResult> wait_children(const std::vector<pid_t>& pids,
       done[i] = true;
       --remaining;
       results[i] = {labels[i], decode_status(status)};
+      const bool critical = opts.critical.empty() || (i < opts.critical.size() && opts.critical[i]);
+      if (results[i].exit_code != 0 && !stopping && opts.stop_all_on_failure && !critical) {
+        size_t expendable = 0, failed = 0;
+        for (size_t k = 0; k < pids.size(); ++k) {
+          if (k < opts.critical.size() && opts.critical[k]) continue;
+          ++expendable;
+          failed += done[k] && results[k].exit_code != 0 ? 1 : 0;
+        }
+        if (failed < expendable) {
+          spdlog::warn("{} exited with code {}; the run goes on without it", labels[i],
+                       results[i].exit_code);
+          continue;
+        }
+      }
       if (results[i].exit_code != 0 && !stopping && opts.stop_all_on_failure) {
         if (results[i].exit_code == 130) {
           spdlog::warn("{} was interrupted; stopping the others", labels[i]);

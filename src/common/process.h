@@ -31,6 +31,9 @@ int pending_signal();  // 0 when none
 
 struct WaitOptions {
   bool stop_all_on_failure = true;
+  // Which children's failure stops the rest (empty: all). The others' failures are logged and
+  // the rest go on, until every one of them has failed (xloco local: providers are elastic).
+  std::vector<bool> critical;
   std::chrono::milliseconds grace{5000};  // after TERM, before KILL
 };
 

@@ -35,11 +35,11 @@ std::uint64_t unsigned_field(const json& header, const char* name) {
   return value.get<std::uint64_t>();
 }
 
-double seconds_field(const json& header, const char* name) {
+double nonnegative_field(const json& header, const char* name) {
   const json& value = field(header, name);
   if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
     fail(ProtocolErrorKind::kBadField,
-         fmt::format("\"{}\" must be a finite number of seconds >= 0, got {}", name, value.dump()));
+         fmt::format("\"{}\" must be a finite number >= 0, got {}", name, value.dump()));
   }
   return value.get<double>();
 }
@@ -59,13 +59,17 @@ void write(const Hello& m, json& h, Message&) {
   h["provider"] = m.provider;
   h["config_hash"] = m.config_hash;
   h["tokens"] = m.tokens;
+  h["theta_pub_hash"] = m.theta_pub_hash;
 }
 void write(const Welcome& m, json& h, Message& frames) {
   h["shard_index"] = m.shard_index;
   h["shard_count"] = m.shard_count;
   frames.push_back(m.state);
 }
-void write(const Heartbeat&, json&, Message&) {}
+void write(const Heartbeat& m, json& h, Message&) {
+  h["step"] = m.step;
+  h["tokens_per_s"] = m.tokens_per_s;
+}
 void write(const RoundStart&, json&, Message&) {}
 void write(const Contribution& m, json& h, Message& frames) {
   h["tokens"] = m.tokens;
@@ -86,8 +90,13 @@ template <> constexpr std::size_t kBinaryFrames<Update> = 1;
 
 // `frames` are the binary frames, already counted.
 Hello read(const json& h, const Message&, Hello*) {
-  return {string_field(h, "provider"), string_field(h, "config_hash"),
-          unsigned_field(h, "tokens")};
+  Hello m{string_field(h, "provider"), string_field(h, "config_hash"), unsigned_field(h, "tokens"),
+          string_field(h, "theta_pub_hash")};
+  if (m.theta_pub_hash.size() > 128) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("\"theta_pub_hash\" of {} bytes is not a hash", m.theta_pub_hash.size()));
+  }
+  return m;
 }
 Welcome read(const json& h, const Message& frames, Welcome*) {
   Welcome w;
@@ -102,12 +111,14 @@ Welcome read(const json& h, const Message& frames, Welcome*) {
   w.shard_count = static_cast<std::uint32_t>(count);
   return w;
 }
-Heartbeat read(const json&, const Message&, Heartbeat*) { return {}; }
+Heartbeat read(const json& h, const Message&, Heartbeat*) {
+  return {unsigned_field(h, "step"), nonnegative_field(h, "tokens_per_s")};
+}
 RoundStart read(const json&, const Message&, RoundStart*) { return {}; }
 Contribution read(const json& h, const Message& frames, Contribution*) {
   Contribution c;
   c.tokens = unsigned_field(h, "tokens");
-  c.compute_s = seconds_field(h, "compute_s");
+  c.compute_s = nonnegative_field(h, "compute_s");
   c.payload = frames[1];
   return c;
 }

@@ -58,13 +58,19 @@ struct Hello {  // provider → head, on connect and after every reconnect
   std::string provider;     // provider name, for logs and metrics
   std::string config_hash;  // the head refuses a provider whose run config differs
   std::uint64_t tokens = 0; // tokens processed so far (0 for a fresh provider)
+  std::string theta_pub_hash;  // BLAKE2b of the θ_pub it holds ("" for none): a provider that
+                               // is current needs no state, one round behind only the update
 };
 struct Welcome {  // head → provider: admission, with the full published state
-  Frame state;                    // one binary frame: θ_pub, fp32
+  Frame state;                    // one binary frame: θ_pub, fp32; empty when the provider's
+                                  // θ_pub (Hello.theta_pub_hash) is already the head's
   std::uint32_t shard_index = 0;  // the data shard this provider trains on
   std::uint32_t shard_count = 1;  // shards in the run (K)
 };
-struct Heartbeat {};   // either way, to tell a live idle peer from a dead one
+struct Heartbeat {  // either way, to tell a live idle peer from a dead one
+  std::uint64_t step = 0;   // provider → head: its last inner step (status), else 0
+  double tokens_per_s = 0;  // provider → head: its recent inner throughput (status), else 0
+};
 struct RoundStart {};  // head → providers: round `round` starts from the current θ_pub
 struct Contribution {  // provider → head: its compressed pseudo-gradient for `round`
   std::uint64_t tokens = 0;  // tokens this provider processed in the round (its weight)

@@ -1,6 +1,7 @@
 #include "outer/head.h"
 
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <map>
 
@@ -19,6 +20,7 @@
 #include "net/protocol.h"
 #include "outer/outer_opt.h"
 #include "outer/round.h"
+#include "outer/status_http.h"
 #include "outer/sync.h"
 
 namespace xloco::outer {
@@ -29,12 +31,20 @@ namespace {
 
 struct Member {
   int shard = -1;
-  bool connected = false;
-  uint64_t last_round = 0;
+  MemberState state = MemberState::kDead;  // not live until its HELLO
+  std::string reason;                      // why it is in that state
+  Clock::time_point last_seen{};
+  uint64_t last_round = 0;                 // last round it contributed to
   uint64_t tokens = 0;
+  uint64_t step = 0;                       // from its heartbeats
+  double tokens_per_s = 0;                 // from its heartbeats
   double bytes_up = 0, bytes_down = 0;
-  double compute_s = 0;  // inner compute of its last contribution
+  double compute_s = 0;                    // inner compute of its last contribution
+  std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
+  bool seen = false;                       // has said HELLO to this head process
 };
+
+constexpr size_t kRoundTimesKept = 5;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -69,6 +79,11 @@ struct Head::Impl {
   uint64_t resumed_from = 0;
   bool first_round = true;
   json frame_hashes = json::object();  // provider -> BLAKE2b of its contribution this round
+  std::string pub_hash, prev_hash;     // θ_pub's hash now and before the last update
+  net::Frame last_update;              // the last UPDATE, for a provider one round behind
+  std::optional<double> last_eval;
+  Clock::time_point last_heartbeat = Clock::now(), last_publish{};
+  std::unique_ptr<StatusServer> status;
 
   Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t)
       : cfg(c), opts(std::move(o)), net(std::move(t)), down_enc(downlink_codec(c.outer)),
@@ -92,6 +107,13 @@ struct Head::Impl {
           "another run.name (nothing was changed)", opts.run_dir, *old));
     }
     metrics.open((fs::path(opts.run_dir) / "metrics" / "head.jsonl").string());
+    pub_hash = evaluator->param_hash();
+    if (!opts.http.empty()) {
+      status = std::make_unique<StatusServer>(opts.http);
+      common::write_file_atomic((fs::path(opts.run_dir) / "status.url").string(), status->url() + "\n");
+      spdlog::info("status: {}/status and {}/metrics (xloco status --head {})", status->url(),
+                   status->url(), status->url());
+    }
   }
 
   const Slots& slots() const { return evaluator->slots(); }
@@ -162,9 +184,33 @@ struct Head::Impl {
   void send(const std::string& peer, net::Body body, uint64_t r) {
     net::Envelope env{cfg.run.name, r, std::move(body)};
     const auto st = net->send(peer, net::encode(env));
-    if (st != net::SendStatus::kSent) {
-      spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
+    if (st == net::SendStatus::kSent) return;
+    spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
+    auto it = members.find(peer);
+    if (st == net::SendStatus::kNoPeer && it != members.end() && is_live(it->second.state)) {
+      set_state(peer, it->second, MemberState::kDead, "connection lost");
     }
+  }
+
+  void set_state(const std::string& name, Member& m, MemberState s, const std::string& why) {
+    if (m.state != s) {
+      const bool quiet = m.state == MemberState::kJoining && s == MemberState::kActive;
+      if (!quiet) {
+        const auto level = s == MemberState::kDead || s == MemberState::kStraggling
+                               ? spdlog::level::warn
+                               : spdlog::level::info;
+        spdlog::log(level, "provider {}: {} -> {} ({})", name, to_string(m.state), to_string(s), why);
+      }
+    }
+    m.state = s;
+    m.reason = why;
+    if (!is_live(s) && in_round && !round.contributed.count(name)) round.active.erase(name);
+  }
+
+  size_t live_count() const {
+    size_t n = 0;
+    for (const auto& [name, m] : members) n += is_live(m.state) ? 1 : 0;
+    return n;
   }
 
   void refuse(const std::string& peer, const std::string& code, const std::string& why) {
@@ -201,29 +247,63 @@ struct Head::Impl {
       return;
     }
     auto& m = members[peer];
-    m.connected = true;
-    auto frame = state_enc.encode(const_views(pub(), slots()));
-    m.bytes_down += static_cast<double>(frame.size());
-    summary.bytes_down += static_cast<double>(frame.size());
+    const bool fresh = !m.seen;
+    m.seen = true;
+    m.last_seen = Clock::now();
+    // A (re)joining provider takes part from the next round; work it already handed in counts.
+    if (in_round && !round.contributed.count(peer)) round.active.erase(peer);
+    const SyncAction action = sync_for(h.theta_pub_hash, pub_hash, prev_hash, !last_update.empty());
     net::Welcome w;
-    w.state = net::Frame(std::move(frame));
     w.shard_index = static_cast<uint32_t>(shard);
     w.shard_count = cfg.outer.shared_data ? 1u : static_cast<uint32_t>(cfg.outer.providers);
+    std::string how;
+    if (action == SyncAction::kFullState) {
+      auto frame = state_enc.encode(const_views(pub(), slots()));
+      m.bytes_down += static_cast<double>(frame.size());
+      summary.bytes_down += static_cast<double>(frame.size());
+      w.state = net::Frame(std::move(frame));
+      how = "full state";
+    } else if (action == SyncAction::kUpdate) {
+      send(peer, net::Update{last_update}, done_rounds);  // before the WELCOME: order is kept
+      m.bytes_down += static_cast<double>(last_update.size());
+      summary.bytes_down += static_cast<double>(last_update.size());
+      how = "one round behind: sent the last update";
+    } else {
+      how = "already current";
+    }
     send(peer, w, done_rounds);
-    spdlog::info("provider {} joined (shard {}/{}), {} connected", peer, shard, cfg.outer.providers,
-                 connected_count());
+    const std::string verb = fresh ? "joined" : "rejoined";
+    if (fresh) m.state = MemberState::kJoining;  // a newcomer has no state to leave
+    set_state(peer, m, MemberState::kJoining,
+              fmt::format("{} at round {} ({}), shard {}", verb, done_rounds, how, shard));
+    spdlog::info("provider {} {} at round {} (shard {}/{}, {}), {} live", peer, verb, done_rounds,
+                 shard, cfg.outer.providers, how, live_count());
   }
 
   void on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
     auto it = members.find(peer);
-    if (it == members.end() || !it->second.connected) {
-      refuse(peer, "not_joined", fmt::format("contribution from {} before HELLO", peer));
+    if (it == members.end() || !is_live(it->second.state)) {
+      refuse(peer, "rejoin", fmt::format("contribution from {}, which is not a member (never "
+                                         "joined, declared dead, or the head restarted): send HELLO",
+                                         peer));
       return;
     }
-    if (!in_round || r != round.round || !round.active.count(peer) || round.contributed.count(peer)) {
+    const uint64_t open = in_round ? round.round : done_rounds + 1;
+    if (r > open || r == 0) {
+      refuse(peer, "future_round", fmt::format("contribution of {} for round {}, but the head is at "
+                                               "round {}", peer, r, open));
+      return;
+    }
+    if (!in_round || r < round.round || round.contributed.count(peer)) {
       ++late_contributions;
-      spdlog::warn("dropped a contribution from {} for round {} (round {} {}): stale or duplicate",
-                   peer, r, round.round, in_round ? "open" : "closed");
+      spdlog::warn("dropped a contribution from {} for round {} (round {} is {}): {}", peer, r,
+                   open, in_round ? "open" : "not started",
+                   round.contributed.count(peer) && r == round.round ? "duplicate" : "late, its round has closed");
+      return;
+    }
+    if (!round.active.count(peer)) {
+      spdlog::warn("dropped a contribution from {} for round {}: it joined after the round started",
+                   peer, r);
       return;
     }
     if (c.tokens == 0) {
@@ -257,6 +337,12 @@ struct Head::Impl {
     round.contributed[peer] = c.tokens;
     frame_hashes[peer] = common::hash_hex(c.payload.data(), c.payload.size());
     auto& m = it->second;
+    m.reason = fmt::format("contributed to round {}", r);
+    m.round_s.push_back(seconds_since(round.started));
+    if (m.round_s.size() > kRoundTimesKept) m.round_s.pop_front();
+    if (m.state == MemberState::kStraggling) {
+      set_state(peer, m, MemberState::kActive, fmt::format("on time again in round {}", r));
+    }
     m.last_round = r;
     m.tokens += c.tokens;
     m.bytes_up += static_cast<double>(c.payload.size());
@@ -272,6 +358,9 @@ struct Head::Impl {
       refuse(rx.peer, net::to_string(e.kind()), fmt::format("bad message from {}: {}", rx.peer, e.what()));
       return;
     }
+    if (auto it = members.find(rx.peer); it != members.end() && is_live(it->second.state)) {
+      it->second.last_seen = Clock::now();
+    }
     std::visit(
         [&](const auto& body) {
           using T = std::decay_t<decltype(body)>;
@@ -280,12 +369,21 @@ struct Head::Impl {
           } else if constexpr (std::is_same_v<T, net::Contribution>) {
             on_contribution(rx.peer, env.round, body);
           } else if constexpr (std::is_same_v<T, net::Bye>) {
-            members[rx.peer].connected = false;
-            round.active.erase(rx.peer);
-            spdlog::warn("provider {} left: {}", rx.peer, body.reason);
+            if (auto it = members.find(rx.peer); it != members.end()) {
+              set_state(rx.peer, it->second, MemberState::kLeft, "said goodbye: " + body.reason);
+            }
           } else if constexpr (std::is_same_v<T, net::ErrorReply>) {
             spdlog::warn("provider {} reports an error: {} ({})", rx.peer, body.reason, body.code);
           } else if constexpr (std::is_same_v<T, net::Heartbeat>) {
+            auto it = members.find(rx.peer);
+            if (it == members.end() || !is_live(it->second.state)) {
+              refuse(rx.peer, "rejoin", fmt::format("heartbeat from {}, which is not a member "
+                                                    "(declared dead, or the head restarted): send "
+                                                    "HELLO", rx.peer));
+            } else {
+              it->second.step = body.step;
+              it->second.tokens_per_s = body.tokens_per_s;
+            }
           } else {
             refuse(rx.peer, "unexpected", fmt::format("{} from a provider", net::to_string(env.type())));
           }
@@ -293,24 +391,27 @@ struct Head::Impl {
         env.body);
   }
 
-  size_t connected_count() const {
-    size_t n = 0;
-    for (const auto& [name, m] : members) n += m.connected ? 1 : 0;
-    return n;
-  }
-
   // ------------------------------------------------------------------ rounds
   void start_round() {
     round = RoundState{};
     round.round = done_rounds + 1;
     round.started = Clock::now();
-    for (const auto& [name, m] : members) {
-      if (m.connected) round.active.insert(name);
+    std::vector<double> recent;
+    for (auto& [name, m] : members) {
+      if (!is_live(m.state)) continue;
+      round.active.insert(name);
+      recent.insert(recent.end(), m.round_s.begin(), m.round_s.end());
+      if (m.state == MemberState::kJoining) {
+        set_state(name, m, MemberState::kActive, fmt::format("in round {}", round.round));
+      }
     }
+    round.deadline_s = round_deadline_s(recent, cfg.outer);
     ref_tokens = 0;
     weight_sum = 0;
     in_round = true;
-    for (const auto& p : round.active) send(p, net::RoundStart{}, round.round);
+    last_wait_reason.clear();
+    const std::set<std::string> to_start = round.active;  // a failed send edits round.active
+    for (const auto& p : to_start) send(p, net::RoundStart{}, round.round);
   }
 
   void close_round(const std::string& reason) {
@@ -326,10 +427,17 @@ struct Head::Impl {
       torch::sub_out(delta, theta_true, pub());  // Δ is spent: reuse its memory
       down_enc.encode(const_views(delta, slots()), frame);
     }
+    for (const auto& p : round.active) {
+      if (round.contributed.count(p)) continue;
+      auto& m = members[p];
+      set_state(p, m, MemberState::kStraggling,
+                fmt::format("missed round {} ({})", round.round, reason));
+    }
     apply_update(dec, frame, cfg.outer, pub(), slots());
     net::Frame shared(std::move(frame));
+    last_update = shared;
     for (auto& [name, m] : members) {
-      if (!m.connected) continue;
+      if (!is_live(m.state)) continue;
       send(name, net::Update{shared}, round.round);
       m.bytes_down += static_cast<double>(shared.size());
       summary.bytes_down += static_cast<double>(shared.size());
@@ -346,6 +454,7 @@ struct Head::Impl {
                 {"compute_s", compute_s},
                 {"comm_s", std::max(0.0, collect_s - compute_s)},
                 {"frames", frame_hashes},
+                {"deadline_s", round.deadline_s},
                 {"late_contributions", late_contributions}};
     frame_hashes = json::object();
     const bool last = static_cast<int>(done_rounds) >= total;
@@ -355,12 +464,15 @@ struct Head::Impl {
     rec["round_wall_s"] = seconds_since(round.started);
     rec["sync_overhead"] = std::max(0.0, 1.0 - compute_s / rec["round_wall_s"].get<double>());
     if (!last) try_start_round();
-    rec["theta_pub_hash"] = evaluator->param_hash();
+    prev_hash = pub_hash;
+    pub_hash = evaluator->param_hash();
+    rec["theta_pub_hash"] = pub_hash;
     if (last || (cfg.outer.eval_every > 0 && done_rounds % cfg.outer.eval_every == 0)) {
       const auto e = evaluator->evaluate(*data);
       rec["eval_loss"] = e.loss;
       if (e.accuracy) rec["eval_accuracy"] = *e.accuracy;
       summary.final_eval_loss = e.loss;
+      last_eval = e.loss;
     }
     metrics.write(rec);
     const double elapsed = seconds_since(t0);
@@ -375,9 +487,9 @@ struct Head::Impl {
     }
   }
 
-  // Starts the next round when enough providers are connected; otherwise says why (once).
+  // Starts the next round when enough providers are live; otherwise says why (once).
   void try_start_round() {
-    const auto d = decide_start(connected_count(), cfg.outer, first_round);
+    const auto d = decide_start(live_count(), cfg.outer, first_round, seconds_since(t0));
     if (d.start) {
       first_round = false;
       start_round();
@@ -400,13 +512,20 @@ struct Head::Impl {
         return 130;
       }
       if (auto rx = net->receive(std::chrono::milliseconds(50))) handle(*rx);
+      housekeeping();
       if (!in_round) {
         try_start_round();
         continue;
       }
       const auto d = decide(Clock::now(), round, cfg.outer);
-      if (d.action == RoundAction::kClose) close_round(d.reason);
+      if (d.action == RoundAction::kClose) {
+        close_round(d.reason);
+      } else if (d.reason.rfind("past the deadline", 0) == 0 && d.reason != last_wait_reason) {
+        spdlog::warn("round {}: {}", round.round, d.reason);
+        last_wait_reason = d.reason;
+      }
     }
+    publish_status("done");
     summary.rounds = static_cast<int>(done_rounds);
     summary.wall_s = seconds_since(t0);
     summary.param_hash = evaluator->param_hash();
@@ -418,9 +537,72 @@ struct Head::Impl {
     return 0;
   }
 
+  // Liveness (silent providers are dead), heartbeats to the live ones, the status snapshot.
+  void housekeeping() {
+    const auto now = Clock::now();
+    for (auto& [name, m] : members) {
+      if (is_live(m.state) && is_silent(now, m.last_seen, cfg.outer)) {
+        set_state(name, m, MemberState::kDead,
+                  fmt::format("silent for {:.1f}s (outer.dead_after_s {:g})",
+                              std::chrono::duration<double>(now - m.last_seen).count(),
+                              cfg.outer.dead_after_s));
+      }
+    }
+    if (std::chrono::duration<double>(now - last_heartbeat).count() >= cfg.outer.heartbeat_s) {
+      last_heartbeat = now;
+      for (const auto& [name, m] : members) {
+        if (is_live(m.state)) send(name, net::Heartbeat{}, done_rounds);
+      }
+    }
+    if (std::chrono::duration<double>(now - last_publish).count() >= 0.25) {
+      last_publish = now;
+      publish_status(in_round ? "running" : (first_round ? "waiting" : "paused"));
+    }
+  }
+
+  json status_json(const std::string& state) const {
+    const auto now = Clock::now();
+    json providers = json::array();
+    for (const auto& [name, m] : members) {
+      providers.push_back({{"name", name},
+                           {"state", to_string(m.state)},
+                           {"reason", m.reason},
+                           {"up", is_live(m.state) ? 1 : 0},
+                           {"shard", m.shard},
+                           {"last_round", m.last_round},
+                           {"step", m.step},
+                           {"tokens", m.tokens},
+                           {"tokens_per_s", m.tokens_per_s},
+                           {"bytes_up", m.bytes_up},
+                           {"bytes_down", m.bytes_down},
+                           {"last_seen_s", m.last_seen == Clock::time_point{}
+                                               ? -1.0
+                                               : std::chrono::duration<double>(now - m.last_seen).count()}});
+    }
+    json s = {{"run", cfg.run.name},
+              {"state", state},
+              {"reason", in_round ? decide(now, round, cfg.outer).reason : last_wait_reason},
+              {"round", done_rounds},
+              {"round_in_progress", in_round ? round.round : 0},
+              {"total_rounds", total},
+              {"deadline_s", in_round ? round.deadline_s : 0.0},
+              {"bytes_up", summary.bytes_up},
+              {"bytes_down", summary.bytes_down},
+              {"late_contributions", late_contributions},
+              {"uptime_s", seconds_since(t0)},
+              {"theta_pub_hash", pub_hash},
+              {"providers", providers}};
+    s["eval_loss"] = last_eval ? json(*last_eval) : json(nullptr);
+    return s;
+  }
+
+  void publish_status(const std::string& state) {
+    if (status) status->publish(status_json(state));
+  }
+
   void say_goodbye(const std::string& why) {
     for (const auto& [name, m] : members) {
-      if (m.connected) send(name, net::Bye{why}, done_rounds);
+      if (is_live(m.state)) send(name, net::Bye{why}, done_rounds);
     }
   }
 

@@ -18,6 +18,7 @@ struct HeadOptions {
   bool resume = false;                // continue from run_dir/ckpt/latest
   std::string init;                   // warm start θ from this checkpoint (model.safetensors)
   std::string summary_file;           // where the end-of-run summary JSON goes ("" = run_dir/summary.json)
+  std::string http;                   // HOST:PORT of the status endpoint ("" = none)
 };
 
 struct HeadSummary {

@@ -1,5 +1,7 @@
 #include "outer/round.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -15,26 +17,74 @@ RoundDecision decide(Clock::time_point now, const RoundState& state,
   if (missing.empty() && got > 0) {
     return {RoundAction::kClose, fmt::format("all {} active providers contributed", got)};
   }
+  const double limit = state.deadline_s > 0 ? state.deadline_s : config.round_timeout_s;
   const auto deadline = state.started + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(config.round_timeout_s));
+                                            std::chrono::duration<double>(limit));
   if (now >= deadline) {
     if (got >= static_cast<size_t>(config.min_providers)) {
       return {RoundAction::kClose,
-              fmt::format("deadline: {} of {} contributed (min_providers {}); missing {}", got,
-                          state.active.size(), config.min_providers, fmt::join(missing, ", "))};
+              fmt::format("deadline ({:.1f}s): {} of {} contributed (min_providers {}); missing {}",
+                          limit, got, state.active.size(), config.min_providers,
+                          fmt::join(missing, ", "))};
     }
     return {RoundAction::kWait,
-            fmt::format("past the deadline with {} of min_providers {} contributions; waiting",
-                        got, config.min_providers)};
+            fmt::format("past the deadline ({:.1f}s) with {} of min_providers {} contributions; "
+                        "waiting for {}",
+                        limit, got, config.min_providers,
+                        missing.empty() ? std::string("a provider") : fmt::format("{}", fmt::join(missing, ", ")))};
   }
   return {RoundAction::kWait, fmt::format("waiting for {}", fmt::join(missing, ", "))};
 }
 
-StartDecision decide_start(size_t connected, const common::OuterConfig& config, bool first_round) {
-  const size_t need = first_round ? static_cast<size_t>(config.providers)
-                                  : static_cast<size_t>(config.min_providers);
-  if (connected >= need) return {true, fmt::format("{} providers connected", connected)};
-  return {false, fmt::format("{} of {} providers connected; waiting", connected, need)};
+double round_deadline_s(std::vector<double> recent, const common::OuterConfig& config) {
+  if (recent.empty()) return config.round_timeout_s;
+  const auto mid = recent.begin() + static_cast<std::ptrdiff_t>(recent.size() / 2);
+  std::nth_element(recent.begin(), mid, recent.end());
+  double median = *mid;
+  if (recent.size() % 2 == 0) median = (median + *std::max_element(recent.begin(), mid)) / 2;
+  return std::clamp(config.deadline_multiple * median, std::min(config.deadline_min_s, config.round_timeout_s),
+                    config.round_timeout_s);
+}
+
+StartDecision decide_start(size_t live, const common::OuterConfig& config, bool first_round,
+                           double waited_s) {
+  const bool grace_over = waited_s >= config.start_grace_s;
+  const size_t need = first_round && !grace_over ? static_cast<size_t>(config.providers)
+                                                 : static_cast<size_t>(config.min_providers);
+  if (live >= need) return {true, fmt::format("{} providers live", live)};
+  if (first_round && !grace_over) {
+    return {false, fmt::format("waiting for providers: {} of {} connected (round 1 starts with "
+                               "min_providers {} after {:.0f}s)",
+                               live, need, config.min_providers, config.start_grace_s)};
+  }
+  return {false, fmt::format("paused: {} live providers, below min_providers {}; waiting for "
+                             "providers to join or come back",
+                             live, need)};
+}
+
+const char* to_string(MemberState state) {
+  switch (state) {
+    case MemberState::kJoining: return "joining";
+    case MemberState::kActive: return "active";
+    case MemberState::kStraggling: return "straggling";
+    case MemberState::kDead: return "dead";
+    case MemberState::kLeft: return "left";
+  }
+  return "?";
+}
+
+bool is_silent(Clock::time_point now, Clock::time_point last_seen,
+               const common::OuterConfig& config) {
+  return std::chrono::duration<double>(now - last_seen).count() > config.dead_after_s;
+}
+
+SyncAction sync_for(const std::string& provider_hash, const std::string& current_hash,
+                    const std::string& previous_hash, bool have_last_update) {
+  if (!provider_hash.empty() && provider_hash == current_hash) return SyncAction::kNone;
+  if (!provider_hash.empty() && have_last_update && provider_hash == previous_hash) {
+    return SyncAction::kUpdate;
+  }
+  return SyncAction::kFullState;
 }
 
 }  // namespace xloco::outer

@@ -1,7 +1,7 @@
-// The round state machine's decisions as pure functions of (now, state, config) with an
-// injected clock (torchft style): no sockets, no threads, testable on their own. They return
-// the decision and the reason, which the head logs. A round that cannot close is state, not an
-// exception.
+// The round state machine's and the membership's decisions as pure functions of (now, state,
+// config) with an injected clock (torchft style): no sockets, no threads, testable on their
+// own. They return the decision and the reason, which the head logs and serves on /status. A
+// round that cannot close, or cannot start, is state, not an exception.
 #pragma once
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 
@@ -19,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 struct RoundState {
   uint64_t round = 0;                          // the round in progress (1-based)
   Clock::time_point started{};                 // when ROUND_START went out
+  double deadline_s = 0;                       // from round_deadline_s(); 0 = outer.round_timeout_s
   std::set<std::string> active;                // providers expected to contribute
   std::map<std::string, uint64_t> contributed; // provider -> tokens, this round
 };
@@ -38,11 +40,40 @@ struct RoundDecision {
 RoundDecision decide(Clock::time_point now, const RoundState& state,
                      const common::OuterConfig& config);
 
+// A round's deadline in seconds from its start: outer.deadline_multiple × the median of the
+// recent round times (ROUND_START to CONTRIBUTION) of the providers taking part, at least
+// outer.deadline_min_s and at most outer.round_timeout_s; round_timeout_s before any round has
+// been measured.
+double round_deadline_s(std::vector<double> recent_round_s, const common::OuterConfig& config);
+
 struct StartDecision {
   bool start = false;
   std::string reason;
 };
-// Whether the next round may start: enough providers are connected.
-StartDecision decide_start(size_t connected, const common::OuterConfig& config, bool first_round);
+// Whether the next round may start. Round 1 waits for all outer.providers, or, once
+// outer.start_grace_s have passed since the head started, for outer.min_providers; later
+// rounds need outer.min_providers live ones.
+StartDecision decide_start(size_t live, const common::OuterConfig& config, bool first_round,
+                           double waited_s = 0);
+
+// Membership (design §2): a provider is joining from its WELCOME until its first round,
+// active while it contributes, straggling after it missed a round's deadline (it is still
+// sent updates and rounds), dead when silent for outer.dead_after_s, and left after a BYE.
+enum class MemberState { kJoining, kActive, kStraggling, kDead, kLeft };
+const char* to_string(MemberState state);
+inline bool is_live(MemberState s) {
+  return s == MemberState::kJoining || s == MemberState::kActive || s == MemberState::kStraggling;
+}
+
+// Dead when nothing (heartbeat or any message) came from it for outer.dead_after_s.
+bool is_silent(Clock::time_point now, Clock::time_point last_seen,
+               const common::OuterConfig& config);
+
+// What a (re)joining provider needs, from the θ_pub hash it reports in HELLO: nothing when it
+// holds the head's θ_pub, the last update when it is exactly one round behind (and the head
+// still has that update), the full state otherwise (design §2).
+enum class SyncAction { kNone, kUpdate, kFullState };
+SyncAction sync_for(const std::string& provider_hash, const std::string& current_hash,
+                    const std::string& previous_hash, bool have_last_update);
 
 }  // namespace xloco::outer

@@ -2,13 +2,22 @@
 #pragma once
 
 #include <cstdlib>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
-
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/config.h"
 
@@ -43,7 +52,9 @@ struct ScratchDir {
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
-  ~ScratchDir() { std::filesystem::remove_all(path); }
+  ~ScratchDir() {
+    if (std::getenv("XLOCO_KEEP_TEST_DIRS") == nullptr) std::filesystem::remove_all(path);
+  }
   std::string str() const { return path.string(); }
 };
 
@@ -69,6 +80,86 @@ inline RunResult run_xloco(const std::string& args) {
   const int st = pclose(p);
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   return r;
+}
+
+// ---------------------------------------------------------------- processes of a real run
+
+inline std::vector<nlohmann::json> jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Starts `xloco ARGS` in its own process group with output to `log`; returns its pid (-1 when
+// fork fails).
+inline pid_t start_group(const std::string& args, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string cmd = "exec " + env_or("XLOCO_BIN", "xloco") + " " + args + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  return pid;
+}
+
+// Waits (up to 3 minutes) until head.jsonl has n rounds; false if `pid` exits first.
+inline bool wait_rounds(const std::filesystem::path& head_jsonl, size_t n, pid_t pid) {
+  for (int i = 0; i < 1800; ++i) {
+    if (std::filesystem::exists(head_jsonl) && jsonl(head_jsonl).size() >= n) return true;
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// Waits (up to `seconds`) until the file contains `needle`.
+inline bool wait_for_text(const std::string& path, const std::string& needle, double seconds = 120) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (slurp(path).find(needle) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// The pid of a process whose command line contains `needle` (not this one), or -1.
+inline pid_t find_process(const std::string& needle) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoi(name) == ::getpid()) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+// A TCP port that was free a moment ago (for a head that must come back on the same port).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 }  // namespace xloco::test

@@ -30,6 +30,7 @@ using nlohmann::json;
 
 namespace {
 
+using test::jsonl;
 using test::run_xloco;
 
 std::string cfg() { return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json"; }
@@ -41,13 +42,6 @@ std::string small(const std::string& dir, const std::string& name) {
          " --set inner.eval_batches=2 --set inner.log_every=5";
 }
 
-std::vector<json> jsonl(const fs::path& p) {
-  std::vector<json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(json::parse(line));
-  return out;
-}
 
 std::string provider_hash(const fs::path& run, const std::string& name) {
   for (const auto& r : jsonl(run / "providers" / name / "metrics" / ("provider-" + name + ".jsonl"))) {
@@ -195,49 +189,10 @@ TEST_SUITE("outer") {
   }
 }
 
-namespace {
-
-// Starts `xloco ARGS` in its own process group with output to `log`; returns its pid.
-pid_t start_group(const std::string& args, const std::string& log) {
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    setpgid(0, 0);
-    const std::string cmd = "exec " + test::env_or("XLOCO_BIN", "xloco") + " " + args + " > " + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  return pid;
-}
-
-bool wait_rounds(const fs::path& head_jsonl, size_t n, pid_t pid) {
-  for (int i = 0; i < 1800; ++i) {
-    if (fs::exists(head_jsonl) && jsonl(head_jsonl).size() >= n) return true;
-    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
-}
-
-pid_t find_process(const std::string& needle) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const auto name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos) return std::stoi(name);
-  }
-  return -1;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
+using test::find_process;
+using test::slurp;
+using test::start_group;
+using test::wait_rounds;
 
 TEST_SUITE("outer_faults") {
   TEST_CASE("SIGTERM to the head checkpoints; --resume continues at the next round with the same theta and momentum") {

@@ -13,7 +13,7 @@ Message header(const std::string& json) { return {text(json)}; }
 
 std::vector<Envelope> sample_envelopes() {
   return {
-      {kRun, 0, Hello{"alice", "cfg-3f2a", 1000}},
+      {kRun, 0, Hello{"alice", "cfg-3f2a", 1000, "h-9c"}},
       {kRun, 3, Welcome{text("full state bytes"), 2, 4}},
       {kRun, 3, Heartbeat{}},
       {kRun, 4, RoundStart{}},

@@ -78,8 +78,8 @@ TEST_SUITE("net.transport") {
     B backend;
     auto alice = backend.provider("alice");
     auto bob = backend.provider("bob");
-    REQUIRE(alice->send(kHeadPeer, encode({kRun, 0, Hello{"alice", "c", 0}})) == SendStatus::kSent);
-    REQUIRE(bob->send(kHeadPeer, encode({kRun, 0, Hello{"bob", "c", 0}})) == SendStatus::kSent);
+    REQUIRE(alice->send(kHeadPeer, encode({kRun, 0, Hello{"alice", "c", 0, ""}})) == SendStatus::kSent);
+    REQUIRE(bob->send(kHeadPeer, encode({kRun, 0, Hello{"bob", "c", 0, ""}})) == SendStatus::kSent);
     std::set<PeerId> seen;
     for (int i = 0; i < 2; ++i) {
       auto got = backend.head().receive(kPatience);
@@ -120,7 +120,7 @@ TEST_SUITE("net.transport") {
     std::vector<std::unique_ptr<Transport>> providers;
     for (const char* name : {"alice", "bob", "carol"}) {
       providers.push_back(backend.provider(name));
-      REQUIRE(providers.back()->send(kHeadPeer, encode({kRun, 0, Hello{name, "c", 0}})) ==
+      REQUIRE(providers.back()->send(kHeadPeer, encode({kRun, 0, Hello{name, "c", 0, ""}})) ==
               SendStatus::kSent);
       REQUIRE(backend.head().receive(kPatience).has_value());
     }

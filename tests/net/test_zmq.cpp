@@ -57,7 +57,7 @@ TEST_SUITE("net.zmq") {
     Head head;
     const KeyPair mallory = generate_keypair();
     zeromq::Client intruder(head.client(mallory));
-    REQUIRE(intruder.send(kHeadPeer, encode({kRun, 0, Hello{"alice", "c", 0}})) ==
+    REQUIRE(intruder.send(kHeadPeer, encode({kRun, 0, Hello{"alice", "c", 0, ""}})) ==
             SendStatus::kSent);
     CHECK(head.capture.sink->wait_for(mallory.public_key, kPatience));
     CHECK(head.capture.sink->count("is not on the allow-list") >= 1);

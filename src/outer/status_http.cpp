@@ -1,0 +1,265 @@
+#include "outer/status_http.h"
+
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <mutex>
+#include <thread>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/metrics.h"
+
+namespace xloco::outer {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using asio::ip::tcp;
+using nlohmann::json;
+
+namespace {
+
+std::pair<std::string, std::string> split_host_port(const std::string& text, const std::string& what) {
+  const auto colon = text.rfind(':');
+  XLOCO_ENFORCE(colon != std::string::npos && colon + 1 < text.size(), common::ConfigError,
+                "{} \"{}\" must be HOST:PORT", what, text);
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host.empty() ? "0.0.0.0" : host, text.substr(colon + 1)};
+}
+
+// A blocking socket that gives up on a silent peer instead of holding the status thread.
+void set_timeouts(int fd, double seconds) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(tv.tv_sec)) * 1e6);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+std::string escape_label(const std::string& v) {
+  std::string out;
+  for (const char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+double num(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+}  // namespace
+
+struct StatusServer::Impl {
+  asio::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::thread thread;
+  mutable std::mutex mu;
+  json status = json::object();
+  std::string host;
+
+  void accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (!ec) serve(std::move(socket));
+      if (acceptor.is_open()) accept();
+    });
+  }
+
+  void serve(tcp::socket socket) {
+    set_timeouts(socket.native_handle(), 5.0);
+    beast::error_code ec;
+    beast::flat_buffer buffer;
+    http::request_parser<http::empty_body> parser;
+    parser.header_limit(16 * 1024);
+    http::read(socket, buffer, parser, ec);
+    if (ec) return;
+    const auto& req = parser.get();
+    http::response<http::string_body> res;
+    res.version(req.version());
+    res.set(http::field::server, "xloco");
+    res.keep_alive(false);
+    const std::string target(req.target());
+    json snapshot;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      snapshot = status;
+    }
+    if (req.method() != http::verb::get) {
+      res.result(http::status::method_not_allowed);
+      res.set(http::field::content_type, "text/plain");
+      res.body() = "only GET\n";
+    } else if (target == "/status" || target == "/") {
+      res.result(http::status::ok);
+      res.set(http::field::content_type, "application/json");
+      res.body() = snapshot.dump(2) + "\n";
+    } else if (target == "/metrics") {
+      res.result(http::status::ok);
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.body() = prometheus_text(snapshot);
+    } else {
+      res.result(http::status::not_found);
+      res.set(http::field::content_type, "text/plain");
+      res.body() = "not found: try /status or /metrics\n";
+    }
+    res.prepare_payload();
+    http::write(socket, res, ec);
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+  }
+};
+
+StatusServer::StatusServer(const std::string& bind) : impl_(std::make_unique<Impl>()) {
+  const auto [host, port] = split_host_port(bind, "--http");
+  try {
+    tcp::resolver resolver(impl_->ioc);
+    const auto endpoint = *resolver.resolve(host, port, tcp::resolver::passive).begin();
+    impl_->acceptor.open(endpoint.endpoint().protocol());
+    impl_->acceptor.set_option(tcp::acceptor::reuse_address(true));
+    impl_->acceptor.bind(endpoint);
+    impl_->acceptor.listen();
+  } catch (const std::exception& e) {
+    throw common::ConfigError(fmt::format("--http {}: cannot listen: {}", bind, e.what()));
+  }
+  impl_->host = host == "0.0.0.0" ? "127.0.0.1" : host;
+  impl_->accept();
+  impl_->thread = std::thread([this] { impl_->ioc.run(); });
+}
+
+StatusServer::~StatusServer() {
+  asio::post(impl_->ioc, [this] {
+    beast::error_code ec;
+    impl_->acceptor.close(ec);
+  });
+  impl_->ioc.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void StatusServer::publish(json status) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->status = std::move(status);
+}
+
+std::string StatusServer::url() const {
+  return fmt::format("http://{}:{}", impl_->host, impl_->acceptor.local_endpoint().port());
+}
+
+std::string prometheus_text(const json& s) {
+  std::string out;
+  const auto metric = [&](const char* name, const char* type, const char* help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  const std::string run = escape_label(s.value("run", ""));
+  metric("xloco_rounds_completed", "gauge", "Outer rounds completed (committed) so far.");
+  out += fmt::format("xloco_rounds_completed{{run=\"{}\"}} {}\n", run, num(s, "round"));
+  metric("xloco_rounds_planned", "gauge", "Outer rounds the run will take in all.");
+  out += fmt::format("xloco_rounds_planned{{run=\"{}\"}} {}\n", run, num(s, "total_rounds"));
+  metric("xloco_paused", "gauge", "1 while the head waits for enough live providers.");
+  out += fmt::format("xloco_paused{{run=\"{}\"}} {}\n", run, s.value("state", "") == "paused" ? 1 : 0);
+  if (s.contains("eval_loss") && s["eval_loss"].is_number()) {
+    metric("xloco_eval_loss", "gauge", "Validation loss of theta_pub at its last evaluation.");
+    out += fmt::format("xloco_eval_loss{{run=\"{}\"}} {}\n", run, num(s, "eval_loss"));
+  }
+  metric("xloco_round_deadline_seconds", "gauge", "Deadline of the round in progress.");
+  out += fmt::format("xloco_round_deadline_seconds{{run=\"{}\"}} {}\n", run, num(s, "deadline_s"));
+  metric("xloco_bytes_up_total", "counter", "Contribution bytes received by the head.");
+  out += fmt::format("xloco_bytes_up_total{{run=\"{}\"}} {}\n", run, num(s, "bytes_up"));
+  metric("xloco_bytes_down_total", "counter", "Update and state bytes sent by the head.");
+  out += fmt::format("xloco_bytes_down_total{{run=\"{}\"}} {}\n", run, num(s, "bytes_down"));
+  metric("xloco_late_contributions_total", "counter",
+         "Contributions dropped because their round had closed.");
+  out += fmt::format("xloco_late_contributions_total{{run=\"{}\"}} {}\n", run,
+                     num(s, "late_contributions"));
+  const json providers = s.value("providers", json::array());
+  metric("xloco_providers", "gauge", "Providers known to the head, by state.");
+  for (const char* state : {"joining", "active", "straggling", "dead", "left"}) {
+    int n = 0;
+    for (const auto& p : providers) n += p.value("state", "") == state ? 1 : 0;
+    out += fmt::format("xloco_providers{{run=\"{}\",state=\"{}\"}} {}\n", run, state, n);
+  }
+  const auto per_provider = [&](const char* name, const char* type, const char* help,
+                                const char* key) {
+    if (providers.empty()) return;
+    metric(name, type, help);
+    for (const auto& p : providers) {
+      out += fmt::format("{}{{run=\"{}\",provider=\"{}\"}} {}\n", name, run,
+                         escape_label(p.value("name", "")), num(p, key));
+    }
+  };
+  per_provider("xloco_provider_up", "gauge", "1 while the provider is live (joining, active or straggling).", "up");
+  per_provider("xloco_provider_last_round", "gauge", "Last round the provider contributed to.", "last_round");
+  per_provider("xloco_provider_tokens_per_second", "gauge", "The provider's recent inner throughput.", "tokens_per_s");
+  per_provider("xloco_provider_tokens_total", "counter", "Tokens in the provider's counted contributions.", "tokens");
+  per_provider("xloco_provider_bytes_up_total", "counter", "Contribution bytes from the provider.", "bytes_up");
+  per_provider("xloco_provider_bytes_down_total", "counter", "Bytes sent to the provider.", "bytes_down");
+  per_provider("xloco_provider_last_seen_seconds", "gauge", "Seconds since the provider was last heard from.", "last_seen_s");
+  return out;
+}
+
+std::string http_get(const std::string& base, const std::string& path, double timeout_s) {
+  std::string rest = base;
+  rest.erase(0, rest.find_first_not_of(" \t\r\n"));
+  rest.erase(rest.find_last_not_of(" \t\r\n/") + 1);
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  XLOCO_ENFORCE(rest.find("://") == std::string::npos, common::ConfigError,
+                "{}: only http:// status URLs are served by the head", base);
+  if (const auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
+  const auto [host, port] = split_host_port(rest, "status URL");
+  try {
+    asio::io_context ioc;
+    tcp::resolver resolver(ioc);
+    tcp::socket socket(ioc);
+    asio::connect(socket, resolver.resolve(host, port));
+    set_timeouts(socket.native_handle(), timeout_s);
+    http::request<http::empty_body> req{http::verb::get, path, 11};
+    req.set(http::field::host, host);
+    req.set(http::field::user_agent, "xloco status");
+    http::write(socket, req);
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64u << 20);
+    http::read(socket, buffer, parser);
+    const auto& res = parser.get();
+    XLOCO_ENFORCE(res.result() == http::status::ok, common::Error, "GET {}{}: HTTP {}", base,
+                  path, res.result_int());
+    return res.body();
+  } catch (const common::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw common::Error(fmt::format("GET {}{}: {}", base, path, e.what()));
+  }
+}
+
+std::string status_table(const json& s) {
+  std::string out = fmt::format("run {} | round {}/{} | {}{} | eval {} | {} up, {} down\n",
+                                s.value("run", "?"), s.value("round", 0), s.value("total_rounds", 0),
+                                s.value("state", "?"),
+                                s.value("reason", "").empty() ? "" : " (" + s.value("reason", "") + ")",
+                                s.contains("eval_loss") && s["eval_loss"].is_number()
+                                    ? fmt::format("{:.4f}", s["eval_loss"].get<double>())
+                                    : "-",
+                                common::human_bytes(num(s, "bytes_up")),
+                                common::human_bytes(num(s, "bytes_down")));
+  out += fmt::format("{:<20} {:<11} {:>6} {:>11} {:>11} {:>11} {:>9}  {}\n", "PROVIDER", "STATE",
+                     "ROUND", "TOKENS/S", "BYTES UP", "BYTES DOWN", "SEEN", "REASON");
+  for (const auto& p : s.value("providers", json::array())) {
+    out += fmt::format("{:<20} {:<11} {:>6} {:>11} {:>11} {:>11} {:>8.1f}s  {}\n",
+                       p.value("name", "?"), p.value("state", "?"), p.value("last_round", 0),
+                       common::human_rate(num(p, "tokens_per_s")),
+                       common::human_bytes(num(p, "bytes_up")),
+                       common::human_bytes(num(p, "bytes_down")), num(p, "last_seen_s"),
+                       p.value("reason", ""));
+  }
+  return out;
+}
+
+}  // namespace xloco::outer

@@ -1,0 +1,43 @@
+// The head's status endpoint (design §8): GET /status (JSON) and GET /metrics (Prometheus text
+// format 0.0.4) over Boost.Beast, served from its own thread so a slow or hostile client never
+// touches the round loop; the head publishes a snapshot after each change. Also the small
+// HTTP GET that `xloco status` uses.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace xloco::outer {
+
+class StatusServer {
+ public:
+  // Binds "HOST:PORT" (PORT 0 = a free one) and starts serving; throws common::ConfigError
+  // naming the address when it cannot.
+  explicit StatusServer(const std::string& bind);
+  ~StatusServer();  // stops the thread; open connections are dropped
+  StatusServer(const StatusServer&) = delete;
+  StatusServer& operator=(const StatusServer&) = delete;
+
+  void publish(nlohmann::json status);
+  std::string url() const;  // http://HOST:PORT
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// /metrics from a /status snapshot: every metric with HELP and TYPE, counters named *_total,
+// label values escaped.
+std::string prometheus_text(const nlohmann::json& status);
+
+// GET `path` from `base` (http://HOST:PORT); returns the body of a 200 reply and throws
+// common::Error naming the URL and the reason otherwise.
+std::string http_get(const std::string& base, const std::string& path, double timeout_s = 5);
+
+// The `xloco status` table: one line per provider (state, last round, tokens/s, bytes, last
+// seen) under a line about the run.
+std::string status_table(const nlohmann::json& status);
+
+}  // namespace xloco::outer

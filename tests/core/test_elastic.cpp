@@ -1,0 +1,479 @@
+// Elastic, fault-tolerant rounds (issue 6) with real processes on loopback: a head and workers
+// started one by one, so that each can be stopped, killed and restarted on its own, plus the
+// pure decisions with an injected clock. Each TEST_CASE is one failure a rented GPU brings.
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "common/config.h"
+#include "compress/encoder.h"
+#include "helpers.h"
+#include "net/keys.h"
+#include "net/protocol.h"
+#include "net/zmq/transport.h"
+#include "outer/round.h"
+#include "outer/status_http.h"
+
+// Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
+#include <doctest/doctest.h>
+
+using namespace xloco;
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::jsonl;
+using test::slurp;
+
+namespace {
+
+using Clock = outer::Clock;
+Clock::time_point at(double s) {
+  return Clock::time_point{} + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// A head and named workers, each its own process group; everything is killed at scope exit.
+struct Cluster {
+  test::ScratchDir dir;
+  std::string args;  // --config and --set for head and workers alike
+  int port = test::free_port();
+  fs::path keys, run;
+  std::map<std::string, pid_t> pids;  // "head", provider names
+
+  // `names`: the providers whose keys the head allow-lists (it reads them when it starts).
+  Cluster(const std::string& tag, const std::string& extra, int providers,
+          const std::vector<std::string>& names)
+      : dir(tag) {
+    args = " --config " + test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json" +
+           " --set run.dir=" + dir.str() + " --set run.name=el" +
+           " --set model.d_model=32 --set model.n_layer=1 --set model.n_head=2"
+           " --set model.seq_len=32 --set inner.batch_size=8 --set inner.warmup_steps=2"
+           " --set inner.eval_batches=1 --set inner.log_every=10 --set outer.eval_every=5"
+           " --set outer.heartbeat_s=0.25 --set outer.dead_after_s=3 --set outer.deadline_min_s=1"
+           " --set outer.deadline_multiple=3 --set outer.start_grace_s=600"
+           " --set outer.providers=" + std::to_string(providers) + extra;
+    keys = dir.path / "keys";
+    run = dir.path / "el";
+    fs::create_directories(keys / "allow");
+    key("head", false);
+    for (const auto& n : names) key(n);
+  }
+  ~Cluster() {
+    for (const auto& [name, pid] : pids) ::kill(-pid, SIGKILL);
+    for (const auto& [name, pid] : pids) ::waitpid(pid, nullptr, 0);
+  }
+
+  void key(const std::string& name, bool allow = true) {
+    const auto pair = net::generate_keypair();
+    net::write_keypair(keys / name, pair);
+    if (allow) std::ofstream(keys / "allow" / (name + ".pub")) << pair.public_key << "\n";
+  }
+  std::string log(const std::string& name) const { return (dir.path / (name + ".log")).string(); }
+  std::string head_log() const { return slurp(log("head")); }
+  std::string endpoint() const { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+  pid_t head(const std::string& more = "", const std::string& logname = "head") {
+    const pid_t pid = test::start_group(
+        "head" + args + " --bind " + endpoint() + " --key " + (keys / "head.key").string() +
+            " --allow " + (keys / "allow").string() + " --http 127.0.0.1:0" + more,
+        log(logname));
+    REQUIRE(pid > 0);
+    return pids["head"] = pid;
+  }
+  pid_t worker(const std::string& name, const std::string& more = "") {
+    REQUIRE(fs::exists(keys / (name + ".key")));
+    const pid_t pid = test::start_group(
+        "worker" + args + " --head " + endpoint() + " --head-pub " + (keys / "head.pub").string() +
+            " --key " + (keys / (name + ".key")).string() + more,
+        log(name));
+    REQUIRE(pid > 0);
+    return pids[name] = pid;
+  }
+  std::vector<json> rounds() const { return jsonl(run / "metrics/head.jsonl"); }
+  bool wait_rounds(size_t n) { return test::wait_rounds(run / "metrics/head.jsonl", n, pids["head"]); }
+  // Waits for the head to exit; its exit code, or -1 after `seconds`.
+  int wait_head(double seconds = 180) {
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      int st = 0;
+      if (::waitpid(pids["head"], &st, WNOHANG) == pids["head"]) {
+        pids.erase("head");
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+  }
+  bool alive(const std::string& name) {
+    return ::waitpid(pids[name], nullptr, WNOHANG) == 0 && ::kill(pids[name], 0) == 0;
+  }
+  void kill(const std::string& name, int sig) { ::kill(-pids[name], sig); }
+  void reap(const std::string& name) {
+    ::waitpid(pids[name], nullptr, 0);
+    pids.erase(name);
+  }
+  std::string status_url() const {
+    std::string url;
+    std::ifstream(run / "status.url") >> url;
+    return url;
+  }
+  // The --set overrides of `args`, for a config built in this process.
+  std::vector<std::string> overrides() const {
+    std::vector<std::string> out;
+    for (size_t at = args.find("--set "); at != std::string::npos; at = args.find("--set ", at + 1)) {
+      const size_t begin = at + 6, end = args.find(' ', begin);
+      out.push_back(args.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    }
+    return out;
+  }
+};
+
+bool contributed(const json& round, const std::string& provider) {
+  return round.contains("frames") && round["frames"].contains(provider);
+}
+
+}  // namespace
+
+TEST_SUITE("elastic_rules") {
+  TEST_CASE("the deadline adapts to the median round time, within its bounds") {
+    common::OuterConfig c;
+    c.round_timeout_s = 100;
+    c.deadline_multiple = 3;
+    c.deadline_min_s = 2;
+    CHECK(outer::round_deadline_s({}, c) == 100);             // nothing measured yet
+    CHECK(outer::round_deadline_s({4, 5, 6}, c) == 15);       // 3 × median 5
+    CHECK(outer::round_deadline_s({1, 9, 4, 6}, c) == 15);    // 3 × (4 + 6) / 2
+    CHECK(outer::round_deadline_s({0.1, 0.2, 0.3}, c) == 2);  // never under deadline_min_s
+    CHECK(outer::round_deadline_s({50, 60}, c) == 100);       // never over round_timeout_s
+    CHECK(outer::round_deadline_s({4, 5, 6, 1000}, c) == 16.5);  // one straggler barely moves it
+
+    // decide() uses the round's own deadline
+    c.min_providers = 2;
+    outer::RoundState s;
+    s.round = 7;
+    s.started = at(1000);
+    s.deadline_s = 15;
+    s.active = {"a", "b", "c"};
+    s.contributed = {{"a", 1}, {"b", 1}};
+    CHECK(outer::decide(at(1014), s, c).action == outer::RoundAction::kWait);
+    const auto d = outer::decide(at(1015.1), s, c);
+    CHECK(d.action == outer::RoundAction::kClose);
+    CHECK(d.reason.find("deadline (15.0s)") != std::string::npos);
+    CHECK(d.reason.find("missing c") != std::string::npos);
+    s.contributed.erase("b");  // past the deadline with 1 < min_providers: wait, saying why
+    const auto w = outer::decide(at(1020), s, c);
+    CHECK(w.action == outer::RoundAction::kWait);
+    CHECK(w.reason.find("past the deadline") != std::string::npos);
+  }
+
+  TEST_CASE("round 1 waits for all K, then min_providers after the grace; later rounds pause below min_providers") {
+    common::OuterConfig c;
+    c.providers = 4;
+    c.min_providers = 2;
+    c.start_grace_s = 30;
+    CHECK(!outer::decide_start(3, c, true, 10).start);
+    CHECK(outer::decide_start(4, c, true, 10).start);
+    CHECK(outer::decide_start(3, c, true, 31).start);  // grace over: min_providers
+    CHECK(!outer::decide_start(1, c, true, 31).start);
+    const auto paused = outer::decide_start(1, c, false);
+    CHECK(!paused.start);
+    CHECK(paused.reason.find("paused") != std::string::npos);
+    CHECK(paused.reason.find("min_providers 2") != std::string::npos);
+    CHECK(outer::decide_start(2, c, false).start);
+  }
+
+  TEST_CASE("silence past dead_after_s is death; what a rejoining provider needs is decided by its hash") {
+    common::OuterConfig c;
+    c.dead_after_s = 5;
+    CHECK(!outer::is_silent(at(104.9), at(100), c));
+    CHECK(outer::is_silent(at(105.1), at(100), c));
+    using outer::SyncAction;
+    CHECK(outer::sync_for("h7", "h7", "h6", true) == SyncAction::kNone);
+    CHECK(outer::sync_for("h6", "h7", "h6", true) == SyncAction::kUpdate);
+    CHECK(outer::sync_for("h6", "h7", "h6", false) == SyncAction::kFullState);  // no update kept
+    CHECK(outer::sync_for("h5", "h7", "h6", true) == SyncAction::kFullState);  // 2+ behind
+    CHECK(outer::sync_for("", "h7", "h6", true) == SyncAction::kFullState);    // fresh
+    CHECK(outer::is_live(outer::MemberState::kStraggling));
+    CHECK(!outer::is_live(outer::MemberState::kDead));
+    CHECK(!outer::is_live(outer::MemberState::kLeft));
+  }
+
+  TEST_CASE("/metrics text passes promtool and escapes label values") {
+    const json s = {{"run", "r\"1"},
+                    {"state", "paused"},
+                    {"round", 3},
+                    {"total_rounds", 9},
+                    {"eval_loss", 2.5},
+                    {"bytes_up", 10},
+                    {"bytes_down", 20},
+                    {"providers",
+                     {{{"name", "a\\b"}, {"state", "dead"}, {"up", 0}, {"tokens_per_s", 1.5}},
+                      {{"name", "c"}, {"state", "active"}, {"up", 1}}}}};
+    const std::string text = outer::prometheus_text(s);
+    CHECK(text.find("xloco_paused{run=\"r\\\"1\"} 1") != std::string::npos);
+    CHECK(text.find("provider=\"a\\\\b\"") != std::string::npos);
+    CHECK(text.find("xloco_providers{run=\"r\\\"1\",state=\"dead\"} 1") != std::string::npos);
+    if (std::system("command -v promtool > /dev/null 2>&1") != 0) {
+      MESSAGE("promtool not installed (Debian package prometheus): lint skipped");
+      return;
+    }
+    test::ScratchDir dir("prom");
+    std::ofstream(dir.path / "m.txt") << text;
+    CHECK(std::system(("promtool check metrics < " + (dir.path / "m.txt").string()).c_str()) == 0);
+  }
+}
+
+TEST_SUITE("elastic") {
+  TEST_CASE("a frozen provider misses the deadline, a killed one is dead; restarted, it rejoins with full state and counts") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    Cluster c("kill", " --set inner.steps=1600 --set outer.inner_steps=20 --set outer.min_providers=2", 3,
+              {"p0", "p1", "p2"});
+    c.head();
+    for (const char* p : {"p0", "p1", "p2"}) c.worker(p);
+    REQUIRE(c.wait_rounds(3));
+    // SIGSTOP: its TCP link stays up, so only the deadline can close the round without it.
+    c.kill("p1", SIGSTOP);
+    const size_t stopped_at = c.rounds().size();
+    REQUIRE(c.wait_rounds(stopped_at + 3));
+    bool deadline_close = false;
+    for (const auto& r : c.rounds()) {
+      if (r["reason"].get<std::string>().find("deadline") != std::string::npos &&
+          r["participants"] == 2 && !contributed(r, "p1")) {
+        deadline_close = true;
+        CHECK(r["round_s"].get<double>() >= r["deadline_s"].get<double>());
+      }
+    }
+    INFO(c.head_log());
+    CHECK(deadline_close);
+    CHECK(test::wait_for_text(c.log("head"), "provider p1: straggling -> dead (silent for", 30));
+
+    // xloco status lists every provider with its state; /metrics passes promtool.
+    const auto table = test::run_xloco("status --run " + c.run.string());
+    CHECK(table.code == 0);
+    for (const char* line : {"p0 ", "p1 ", "p2 "}) CHECK(table.out.find(line) != std::string::npos);
+    CHECK(table.out.find("dead") != std::string::npos);
+    CHECK(table.out.find("active") != std::string::npos);
+    const auto metrics = test::run_xloco("status --run " + c.run.string() + " --metrics");
+    CHECK(metrics.code == 0);
+    CHECK(metrics.out.find("xloco_providers{run=\"el\",state=\"dead\"} 1") != std::string::npos);
+    if (std::system("command -v promtool > /dev/null 2>&1") == 0) {
+      std::ofstream(c.dir.path / "metrics.txt") << metrics.out;
+      CHECK(std::system(("promtool check metrics < " + (c.dir.path / "metrics.txt").string()).c_str()) == 0);
+    } else {
+      MESSAGE("promtool not installed (Debian package prometheus): lint skipped");
+    }
+
+    c.kill("p1", SIGKILL);
+    c.reap("p1");
+    c.worker("p1");
+    REQUIRE(test::wait_for_text(c.log("head"), "provider p1 rejoined at round", 60));
+    const std::string log = c.head_log();
+    const auto line = log.substr(log.find("provider p1 rejoined at round"));
+    CHECK(line.substr(0, line.find('\n')).find("full state") != std::string::npos);
+    bool counted = false;
+    for (int i = 0; i < 600 && !counted; ++i) {
+      for (const auto& r : c.rounds()) counted = counted || (r["round"] > stopped_at + 3 && contributed(r, "p1"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    CHECK(counted);
+    CHECK(c.wait_head() == 0);
+    const auto last = c.rounds().back();
+    CHECK(last["round"] == 80);
+    CHECK(last["participants"] == 3);
+  }
+
+  TEST_CASE("kill -9 of the head after a checkpoint: head --resume continues and the same providers reconnect") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    Cluster c("headkill", " --set inner.steps=1200 --set outer.inner_steps=20 --set outer.checkpoint_every=4"
+                          " --set outer.min_providers=2", 2, {"p0", "p1"});
+    c.head();
+    c.worker("p0");
+    c.worker("p1");
+    REQUIRE(c.wait_rounds(6));  // checkpoint at round 4, and the providers are past it
+    c.kill("head", SIGKILL);
+    c.reap("head");
+    std::string latest;
+    std::ifstream(c.run / "ckpt/latest") >> latest;
+    const auto state = json::parse(std::ifstream(c.run / "ckpt" / latest / "state.json"));
+    const uint64_t ckpt = state["round"];
+    CHECK(ckpt >= 4);
+    const size_t before = c.rounds().size();  // usually past the checkpoint: a full resync
+    c.head(" --resume", "head2");
+    REQUIRE(test::wait_rounds(c.run / "metrics/head.jsonl", before + 4, c.pids["head"]));
+    const std::string log2 = slurp(c.log("head2"));
+    INFO(log2);
+    CHECK(log2.find("resumed from") != std::string::npos);
+    CHECK(log2.find("provider p0 joined at round " + std::to_string(ckpt)) != std::string::npos);
+    const auto all = c.rounds();
+    CHECK(all[before]["round"] == ckpt + 1);  // the first round after the resume
+    for (size_t i = before + 1; i < all.size(); ++i) {
+      CHECK(all[i]["participants"] == 2);
+    }
+    CHECK(c.alive("p0"));  // never restarted
+    CHECK(c.alive("p1"));
+    CHECK(slurp(c.log("p0")).find("rejoining the head") != std::string::npos);
+    CHECK(c.wait_head() == 0);
+  }
+
+  TEST_CASE("a provider started at round 3 joins at a boundary without delaying the round, and counts from the next") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    Cluster c("late", " --set inner.steps=800 --set outer.inner_steps=20 --set outer.min_providers=3"
+                      " --set outer.start_grace_s=0", 4, {"p0", "p1", "p2", "p3"});
+    c.head();
+    for (const char* p : {"p0", "p1", "p2"}) c.worker(p);
+    REQUIRE(c.wait_rounds(3));
+    c.worker("p3");
+    REQUIRE(test::wait_for_text(c.log("head"), "provider p3 joined", 60));
+    CHECK(c.wait_head() == 0);
+    const std::string log = c.head_log();
+    INFO(log);
+    const std::string needle = "provider p3 joined at round ";
+    const auto at_pos = log.find(needle);
+    REQUIRE(at_pos != std::string::npos);
+    const uint64_t joined_at = std::stoull(log.substr(at_pos + needle.size()));
+    CHECK(joined_at >= 3);
+    const auto all = c.rounds();
+    REQUIRE(all.size() == 40);
+    // The round in progress at the join closed on its own providers, within its deadline.
+    const auto& during = all[joined_at];  // round joined_at + 1
+    CHECK(during["round"] == joined_at + 1);
+    CHECK(!contributed(during, "p3"));
+    CHECK(during["round_s"].get<double>() <= during["deadline_s"].get<double>());
+    CHECK(during["reason"].get<std::string>().find("all 3 active providers contributed") != std::string::npos);
+    // From the next round on, it counts.
+    CHECK(contributed(all[joined_at + 1], "p3"));
+    CHECK(all.back()["participants"] == 4);
+  }
+
+  TEST_CASE("below min_providers the head pauses and says why; a provider's SIGTERM is a BYE; it continues when one comes back") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    Cluster c("pause", " --set inner.steps=600 --set outer.inner_steps=20 --set outer.min_providers=2", 2,
+              {"p0", "p1"});
+    c.head();
+    c.worker("p0");
+    c.worker("p1");
+    REQUIRE(c.wait_rounds(3));
+    c.kill("p1", SIGTERM);
+    c.reap("p1");
+    REQUIRE(test::wait_for_text(c.log("head"), "paused: 1 live providers, below min_providers 2", 60));
+    CHECK(c.head_log().find("provider p1: active -> left (said goodbye: provider interrupted)") != std::string::npos);
+    const size_t paused_at = c.rounds().size();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    CHECK(c.rounds().size() == paused_at);  // nothing moves while paused
+    const auto st = json::parse(outer::http_get(c.status_url(), "/status"));
+    CHECK(st["state"] == "paused");
+    CHECK(st["reason"].get<std::string>().find("min_providers 2") != std::string::npos);
+    c.worker("p1");
+    CHECK(c.wait_head() == 0);
+    CHECK(c.rounds().back()["round"] == 30);
+    CHECK(c.rounds().back()["participants"] == 2);
+  }
+
+  TEST_CASE("wrong config, unlisted key, stale or future rounds and wrong shapes are refused by name; the run is unharmed") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    Cluster c("refuse", " --set inner.steps=800 --set outer.inner_steps=20 --set outer.min_providers=2"
+                        " --set outer.start_grace_s=0", 3,  // a third shard for the rogue
+              {"p0", "p1", "wrongcfg", "rogue"});
+    c.head();
+    c.worker("p0");
+    c.worker("p1");
+    REQUIRE(c.wait_rounds(2));
+    // A different model: a different config hash.
+    c.worker("wrongcfg", " --set model.d_model=48");
+    // A key the head never allow-listed.
+    const auto stranger = net::generate_keypair();
+    net::write_keypair(c.keys / "stranger", stranger);
+    c.worker("stranger", " --set outer.head_timeout_s=4");
+    // An allow-listed rogue speaking the protocol by hand.
+    net::zeromq::ClientOptions co;
+    co.connect = c.endpoint();
+    co.name = "rogue";
+    co.key = net::load_keypair((c.keys / "rogue.key").string());
+    co.server_public_key = net::load_public_key((c.keys / "head.pub").string());
+    auto rogue = std::make_unique<net::zeromq::Client>(co);
+    const std::string run = "el";
+    const auto cfg = common::load_config(test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json",
+                                         c.overrides());
+    const auto send = [&](net::Body b, uint64_t r) {
+      return rogue->send(net::kHeadPeer, net::encode({run, r, std::move(b)}));
+    };
+    const auto expect = [&](net::MessageType type, double seconds) -> std::optional<net::Envelope> {
+      const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+      while (Clock::now() < end) {
+        send(net::Heartbeat{}, 0);  // stays live, so its later messages are judged on content
+        auto rx = rogue->receive(std::chrono::milliseconds(100));
+        if (!rx) continue;
+        auto env = net::decode(rx->message, run);
+        if (env.type() == type) return env;
+      }
+      return std::nullopt;
+    };
+    REQUIRE(send(net::Hello{"rogue", common::config_hash(cfg), 0, ""}, 0) == net::SendStatus::kSent);
+    REQUIRE(expect(net::MessageType::kWelcome, 30));
+    const auto start = expect(net::MessageType::kRoundStart, 30);
+    REQUIRE(start);
+    const uint64_t r = start->round;
+    compress::CodecConfig cc;
+    cc.codec = compress::Codec::kInt8;
+    const std::vector<float> junk(3, 0.5f);
+    const auto wrong = compress::Encoder(cc).encode({{"x", {3}, junk.data()}});
+    net::Contribution bad;
+    bad.tokens = 100;
+    bad.payload = net::Frame(wrong);
+    send(bad, r + 5);  // a future round
+    auto reply = expect(net::MessageType::kError, 10);
+    REQUIRE(reply);
+    CHECK(std::get<net::ErrorReply>(reply->body).code == "future_round");
+    send(bad, r);  // wrong shapes
+    reply = expect(net::MessageType::kError, 10);
+    REQUIRE(reply);
+    CHECK(std::get<net::ErrorReply>(reply->body).code == "bad_frame");
+    const auto next = expect(net::MessageType::kRoundStart, 30);  // r closed at its deadline
+    REQUIRE(next);
+    send(bad, r);  // a stale round
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    // Gone before the head ends: libzmq 4.3.4 can abort in a client whose unread input stalled
+    // its connection when the peer then closes (the workers' link thread always reads).
+    rogue.reset();
+
+    CHECK(c.wait_head() == 0);
+    const std::string log = c.head_log();
+    INFO(log);
+    CHECK(log.find("refused wrongcfg: provider wrongcfg has config hash") != std::string::npos);
+    CHECK(log.find("is not on the allow-list") != std::string::npos);
+    CHECK(log.find("refused rogue: contribution of rogue for round " + std::to_string(r + 5)) != std::string::npos);
+    CHECK(log.find("refused rogue: contribution of rogue for round " + std::to_string(r) + ": ") != std::string::npos);
+    CHECK(log.find("dropped a contribution from rogue for round " + std::to_string(r)) != std::string::npos);
+    CHECK(slurp(c.log("wrongcfg")).find("config hash") != std::string::npos);
+    c.reap("stranger");  // gives up after outer.head_timeout_s = 4 s of silence
+    CHECK(slurp(c.log("stranger")).find("silent") != std::string::npos);
+    // Unharmed: every round closed, p0 and p1 in all of them.
+    const auto all = c.rounds();
+    CHECK(all.size() == 40);
+    for (const auto& x : all) {
+      CHECK(contributed(x, "p0"));
+      CHECK(contributed(x, "p1"));
+    }
+  }
+}
