@@ -1,14 +1,13 @@
 // `xloco head`: the coordinator of a DiLoCo run. Binds (--bind) and tells providers where to
 // connect (--advertise: on Akash the public port differs from the bound one), admits only the
 // allow-listed provider keys, and prints the exact `xloco worker` line that joins it.
-#include <malloc.h>
-
 #include <filesystem>
 #include <fstream>
 
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/safetensors.h"
@@ -43,7 +42,9 @@ void add_head_command(CLI::App& app) {
                   "goes to runs/NAME/status.url)");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
-    inner::configure_threads(cfg.run, 1);
+    // Under xloco local the head shares the cores with every rank: its BLAS threads must not
+    // spin against theirs (XLOCO_RANKS_ON_HOST counts the ranks on this machine).
+    inner::configure_threads(cfg.run, ranks_on_host(1));
     net::zeromq::ServerOptions so;
     so.bind = a->bind;
     so.link.insecure = a->insecure;
@@ -71,11 +72,6 @@ void add_head_command(CLI::App& app) {
                advertise, a->insecure ? " --insecure" : " --head-pub " + head_pub);
     std::fflush(stdout);
     if (!a->endpoint_file.empty()) common::write_file_atomic(a->endpoint_file, endpoint + "\n");
-    // The head does not train: its large buffers (frames, Δ's transients, eval activations) are
-    // better mmapped and returned on free than kept in the heap as main() sets up for training,
-    // where they would stay resident and fragment (measured: 5.1x -> see RESULTS issue 5).
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    mallopt(M_TRIM_THRESHOLD, 8 << 20);
     outer::HeadOptions ho;
     ho.run_dir = run_dir.string();
     ho.resume = a->resume;

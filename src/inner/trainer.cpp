@@ -168,7 +168,7 @@ void InnerTrainer::apply_adamw(double lr) {
   }
 }
 
-EvalStats InnerTrainer::evaluate(const Dataset& data) {
+EvalStats InnerTrainer::evaluate(const Dataset& data, const std::function<void()>& between_batches) {
   torch::NoGradGuard guard;
   model_->eval();
   double sum = 0, correct = 0, count = 0;
@@ -183,6 +183,7 @@ EvalStats InnerTrainer::evaluate(const Dataset& data) {
                .item<double>();
     if (classify) correct += flat.argmax(-1).eq(yy).sum().item<double>();
     count += static_cast<double>(yy.numel());
+    if (between_batches) between_batches();
   }
   auto totals = torch::tensor({sum, correct, count}, torch::kFloat64);
   group_.allreduce_sum(totals, 1 << 20);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,7 +44,9 @@ class InnerTrainer {
   // One optimizer step at global inner step `step` (0-based), on this rank's slice of the batch.
   // `want_stop` rides the gradient allreduce, so every rank learns of it at the same step.
   StepStats train_step(const Dataset& data, int64_t step, bool want_stop = false);
-  EvalStats evaluate(const Dataset& data);
+  // `between_batches` (optional) runs after every eval batch: the head answers its providers
+  // from there, so a long evaluation never makes it deaf.
+  EvalStats evaluate(const Dataset& data, const std::function<void()>& between_batches = {});
   double lr_at(int64_t step) const;
 
   struct Slot {
