@@ -27,19 +27,20 @@ void add_head_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("head", "coordinate a DiLoCo run across providers");
-  cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.lr=0.7");
-  cmd->add_option("--bind", a->bind, "ZeroMQ endpoint to bind (port 0 picks a free one)");
-  cmd->add_option("--advertise", a->advertise, "tcp://HOST:PORT providers connect to (default: the bound endpoint)");
-  cmd->add_option("--key", a->key, "the head's secret key file (xloco keygen)");
-  cmd->add_option("--allow", a->allow, "allow-listed provider keys: .pub files or directories of them");
-  cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated links (loopback experiments only)");
-  cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint");
-  cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)");
-  cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening");
+  cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile)->envname("XLOCO_CONFIG");
+  cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.lr=0.7")->envname("XLOCO_SET")->delimiter(',');
+  cmd->add_option("--bind", a->bind, "ZeroMQ endpoint to bind (port 0 picks a free one)")->envname("XLOCO_BIND");
+  cmd->add_option("--advertise", a->advertise, "tcp://HOST:PORT providers connect to (default: the bound endpoint)")->envname("XLOCO_ADVERTISE");
+  cmd->add_option("--key", a->key, "the head's secret key: a file (xloco keygen) or its Z85 text")->envname("XLOCO_KEY");
+  cmd->add_option("--allow", a->allow, "allow-listed provider keys: .pub files, directories of them, or NAME=Z85KEY")->envname("XLOCO_ALLOW")->delimiter(',');
+  cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated links (loopback experiments only)")->envname("XLOCO_INSECURE");
+  cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint")->envname("XLOCO_RESUME");
+  cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)")->envname("XLOCO_INIT");
+  cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening")->envname("XLOCO_ENDPOINT_FILE");
   cmd->add_option("--http", a->http,
                   "serve GET /status and /metrics on HOST:PORT (port 0 picks a free one; the URL "
-                  "goes to runs/NAME/status.url)");
+                  "goes to runs/NAME/status.url)")
+      ->envname("XLOCO_HTTP");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
     // Under xloco local the head shares the cores with every rank: its BLAS threads must not
@@ -55,9 +56,8 @@ void add_head_command(CLI::App& app) {
                     "--insecure for a plaintext loopback run");
       XLOCO_ENFORCE(!a->allow.empty(), common::ConfigError,
                     "head: --allow is required: the providers' .pub files or a directory of them");
-      so.key = net::load_keypair(a->key);
-      std::vector<fs::path> paths(a->allow.begin(), a->allow.end());
-      so.allow = net::AllowList::load(paths);
+      so.key = net::keypair_from(a->key, "head --key / XLOCO_KEY");
+      so.allow = net::AllowList::parse(a->allow);
       head_pub = so.key.public_key;
     }
     auto server = std::make_unique<net::zeromq::Server>(so);

@@ -20,7 +20,7 @@ void add_status_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("status", "show a running head's providers and rounds");
-  cmd->add_option("--head", a->head, "the head's status URL, http://HOST:PORT (its --http)");
+  cmd->add_option("--head", a->head, "the head's status URL, http://HOST:PORT (its --http)")->envname("XLOCO_STATUS");
   cmd->add_option("--run", a->run, "a run directory (runs/NAME) whose head wrote status.url");
   cmd->add_flag("--json", a->json, "print the raw /status JSON");
   cmd->add_flag("--metrics", a->metrics, "print the raw /metrics (Prometheus text)");

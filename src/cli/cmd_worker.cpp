@@ -27,18 +27,20 @@ void add_worker_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("worker", "one provider: train with R ranks, sync with the head");
-  cmd->add_option("--config", a->config, "JSON run config (the head's)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--set", a->overrides, "override a config value (must match the head's)");
-  cmd->add_option("--head", a->head, "the head's endpoint, tcp://HOST:PORT")->required();
-  cmd->add_option("--head-pub", a->head_pub, "the head's public key: Z85 text or a .pub file");
-  cmd->add_option("--key", a->key, "this provider's secret key file (xloco keygen)");
-  cmd->add_option("--name", a->name, "provider name for logs (default: the key file's stem)");
-  cmd->add_option("--nproc", a->nproc, "rank processes (a Gloo group) on this machine")->check(CLI::Range(1, 256));
-  cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated link (loopback experiments only)");
+  cmd->add_option("--config", a->config, "JSON run config (the head's)")->required()->check(CLI::ExistingFile)->envname("XLOCO_CONFIG");
+  cmd->add_option("--set", a->overrides, "override a config value (must match the head's)")->envname("XLOCO_SET")->delimiter(',');
+  cmd->add_option("--head", a->head, "the head's endpoint, tcp://HOST:PORT")->required()->envname("XLOCO_HEAD");
+  cmd->add_option("--head-pub", a->head_pub, "the head's public key: Z85 text or a .pub file")->envname("XLOCO_HEAD_PUB");
+  cmd->add_option("--key", a->key, "this provider's secret key: a file (xloco keygen) or its Z85 text")->envname("XLOCO_KEY");
+  cmd->add_option("--name", a->name, "provider name for logs (default: the key file's stem)")->envname("XLOCO_NAME");
+  cmd->add_option("--nproc", a->nproc, "rank processes (a Gloo group) on this machine")->check(CLI::Range(1, 256))->envname("XLOCO_NPROC");
+  cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated link (loopback experiments only)")->envname("XLOCO_INSECURE");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
     std::string name = a->name;
-    if (name.empty()) name = a->key.empty() ? "provider" : fs::path(a->key).stem().string();
+    if (name.empty()) {
+      name = !a->key.empty() && fs::exists(a->key) ? fs::path(a->key).stem().string() : "provider";
+    }
     const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
     if (a->nproc > 1 && !is_rank_process()) {
       const int rc = launch_ranks(original_argv(), a->nproc, (run_dir / "providers" / name).string());
@@ -61,14 +63,8 @@ void add_worker_command(CLI::App& app) {
       if (!a->insecure) {
         XLOCO_ENFORCE(!a->key.empty() && !a->head_pub.empty(), common::ConfigError,
                       "worker: --key FILE and --head-pub KEY are required (or --insecure)");
-        co.key = net::load_keypair(a->key);
-        // A file wins over Z85 text: a 40-character path is also valid Z85.
-        co.server_public_key = fs::exists(a->head_pub) ? net::load_public_key(a->head_pub)
-                               : net::is_z85_key(a->head_pub)
-                                   ? a->head_pub
-                                   : throw common::ConfigError(fmt::format(
-                                         "worker: --head-pub {}: neither a file nor a 40-character "
-                                         "Z85 key", a->head_pub));
+        co.key = net::keypair_from(a->key, "worker --key / XLOCO_KEY");
+        co.server_public_key = net::public_key_from(a->head_pub, "worker --head-pub / XLOCO_HEAD_PUB");
       }
       link = std::make_unique<net::zeromq::Client>(co);
     }

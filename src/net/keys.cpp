@@ -170,6 +170,40 @@ std::string load_public_key(const fs::path& public_file) {
   return checked_key(read_small_file(fd.get(), public_file), public_file);
 }
 
+KeyPair keypair_from(const std::string& file_or_z85, const std::string& what) {
+  std::error_code ec;
+  if (fs::exists(file_or_z85, ec)) return load_keypair(file_or_z85);
+  XLOCO_ENFORCE(is_z85_key(file_or_z85), KeyError,
+                "{}: neither a secret key file nor a 40-character Z85 secret key ({} characters)",
+                what, file_or_z85.size());
+  return KeyPair{public_key_of(file_or_z85), file_or_z85};
+}
+
+std::string public_key_from(const std::string& file_or_z85, const std::string& what) {
+  std::error_code ec;
+  if (fs::exists(file_or_z85, ec)) return load_public_key(file_or_z85);
+  XLOCO_ENFORCE(is_z85_key(file_or_z85), KeyError,
+                "{} \"{}\": neither a public key file nor a 40-character Z85 key", what,
+                file_or_z85);
+  return file_or_z85;
+}
+
+AllowList AllowList::parse(const std::vector<std::string>& entries) {
+  AllowList list;
+  std::vector<fs::path> paths;
+  for (const std::string& e : entries) {
+    const auto eq = e.find('=');
+    std::error_code ec;
+    if (eq != std::string::npos && !fs::exists(e, ec)) {
+      list.add(e.substr(0, eq), e.substr(eq + 1));
+    } else {
+      paths.push_back(e);
+    }
+  }
+  for (const auto& [key, name] : load(paths).names_) list.add(name, key);
+  return list;
+}
+
 AllowList AllowList::load(const std::vector<fs::path>& paths) {
   AllowList list;
   for (const fs::path& path : paths) {

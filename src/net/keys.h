@@ -43,12 +43,21 @@ KeyPair load_keypair(const std::filesystem::path& secret_file);
 
 std::string load_public_key(const std::filesystem::path& public_file);
 
+// A secret key given as a file (checked as load_keypair does) or as its Z85 text, e.g. from an
+// environment variable set by a container orchestrator. `what` names the setting in errors;
+// the secret itself is never put in a message.
+KeyPair keypair_from(const std::string& file_or_z85, const std::string& what);
+// A public key given as a file or as Z85 text; a file wins (a 40-character path is valid Z85).
+std::string public_key_from(const std::string& file_or_z85, const std::string& what);
+
 // Public keys admitted by the head, each with a name that identifies the provider in logs
 // and to the outer loop (the file stem: keys/alice.pub is "alice").
 class AllowList {
  public:
   // Each path is a .pub file or a directory whose *.pub files are all loaded.
   static AllowList load(const std::vector<std::filesystem::path>& paths);
+  // As load(), and an entry NAME=Z85KEY lists that key under that name (no file needed).
+  static AllowList parse(const std::vector<std::string>& entries);
 
   // Throws KeyError if the key is malformed or the key or name is already listed.
   void add(const std::string& name, const std::string& public_key);

@@ -332,8 +332,11 @@ TEST_SUITE("elastic") {
       MESSAGE("skipped: /usr/bin/bible missing");
       return;
     }
+    // deadline_min_s 10: a slow machine starting p3's LibTorch must not push the round in
+    // progress past a 1 s deadline; the check is that the join itself holds nothing up.
     Cluster c("late", " --set inner.steps=800 --set outer.inner_steps=20 --set outer.min_providers=3"
-                      " --set outer.start_grace_s=0", 4, {"p0", "p1", "p2", "p3"});
+                      " --set outer.start_grace_s=0 --set outer.deadline_min_s=10", 4,
+              {"p0", "p1", "p2", "p3"});
     c.head();
     for (const char* p : {"p0", "p1", "p2"}) c.worker(p);
     REQUIRE(c.wait_rounds(3));
@@ -475,5 +478,34 @@ TEST_SUITE("elastic") {
       CHECK(contributed(x, "p0"));
       CHECK(contributed(x, "p1"));
     }
+  }
+
+  TEST_CASE("a worker configured only through XLOCO_* environment variables, secrets as Z85 text, joins and counts") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    Cluster c("env", " --set inner.steps=200 --set outer.inner_steps=20 --set outer.min_providers=2", 2,
+              {"p0", "envp"});
+    c.head();
+    c.worker("p0");
+    std::string secret, head_pub, overrides;
+    std::ifstream(c.keys / "envp.key") >> secret;
+    std::ifstream(c.keys / "head.pub") >> head_pub;
+    for (const auto& o : c.overrides()) overrides += (overrides.empty() ? "" : ",") + o;
+    const std::map<std::string, std::string> env = {
+        {"XLOCO_CONFIG", test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json"},
+        {"XLOCO_SET", overrides}, {"XLOCO_HEAD", c.endpoint()}, {"XLOCO_HEAD_PUB", head_pub},
+        {"XLOCO_KEY", secret}, {"XLOCO_NAME", "envp"}};
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    c.pids["envp"] = test::start_group("worker", c.log("envp"));
+    for (const auto& [k, v] : env) ::unsetenv(k.c_str());
+    CHECK(c.wait_head() == 0);
+    INFO(slurp(c.log("envp")));
+    CHECK(c.head_log().find("provider envp joined at round 0") != std::string::npos);
+    CHECK(slurp(c.log("envp")).find(secret) == std::string::npos);  // never logged
+    const auto all = c.rounds();
+    REQUIRE(all.size() == 10);
+    for (const auto& r : all) CHECK(contributed(r, "envp"));
   }
 }

@@ -128,6 +128,34 @@ TEST_SUITE("net.keys") {
     CHECK_THROWS_AS(manual.add("x", "not a key"), KeyError);
   }
 
+  TEST_CASE("keys from the environment: Z85 text or a file, and NAME=KEY allow-list entries") {
+    TempDir dir;
+    const KeyPair pair = generate_keypair();
+    write_keypair(dir.path() / "p", pair);
+    // Z85 secret text gives the same pair as the file.
+    const KeyPair from_text = keypair_from(pair.secret_key, "XLOCO_KEY");
+    CHECK(from_text.public_key == pair.public_key);
+    CHECK(from_text.secret_key == pair.secret_key);
+    CHECK(keypair_from((dir.path() / "p.key").string(), "XLOCO_KEY").public_key == pair.public_key);
+    CHECK(public_key_from(pair.public_key, "XLOCO_HEAD_PUB") == pair.public_key);
+    CHECK(public_key_from((dir.path() / "p.pub").string(), "XLOCO_HEAD_PUB") == pair.public_key);
+    // A bad value names the setting and never echoes a secret.
+    try {
+      (void)keypair_from("not-a-key-and-not-a-file", "XLOCO_KEY");
+      FAIL("accepted a malformed key");
+    } catch (const KeyError& e) {
+      CHECK(std::string(e.what()).find("XLOCO_KEY") != std::string::npos);
+      CHECK(std::string(e.what()).find("not-a-key") == std::string::npos);
+    }
+    const KeyPair other = generate_keypair();
+    const AllowList list = AllowList::parse({"zed=" + other.public_key, (dir.path() / "p.pub").string()});
+    CHECK(list.size() == 2);
+    REQUIRE(list.find(other.public_key) != nullptr);
+    CHECK(*list.find(other.public_key) == "zed");
+    CHECK(*list.find(pair.public_key) == "p");
+    CHECK_THROWS_AS(AllowList::parse({"bad=xyz"}), KeyError);
+  }
+
   TEST_CASE("xloco keygen writes a usable pair") {
     TempDir dir;
     const std::string stem = (dir.path() / "head").string();
