@@ -35,7 +35,7 @@ struct Member {
   int shard = -1;
   MemberState state = MemberState::kDead;  // not live until its HELLO
   std::string reason;                      // why it is in that state
-  Clock::time_point last_seen{};
+  Clock::time_point last_seen{};           // epoch until its first HELLO to this head process
   uint64_t last_round = 0;                 // last round it contributed to
   uint64_t tokens = 0;
   uint64_t step = 0;                       // from its heartbeats
@@ -43,7 +43,6 @@ struct Member {
   double bytes_up = 0, bytes_down = 0;
   double compute_s = 0;                    // inner compute of its last contribution
   std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
-  bool seen = false;                       // has said HELLO to this head process
 };
 
 constexpr size_t kRoundTimesKept = 5;
@@ -268,8 +267,7 @@ struct Head::Impl {
       return;
     }
     auto& m = members[peer];
-    const bool fresh = !m.seen;
-    m.seen = true;
+    const bool fresh = m.last_seen == Clock::time_point{};
     m.last_seen = Clock::now();
     // A (re)joining provider takes part from the next round; work it already handed in counts.
     if (in_round && !round.contributed.count(peer)) round.active.erase(peer);
@@ -548,7 +546,7 @@ struct Head::Impl {
       const auto d = decide(Clock::now(), round, cfg.outer);
       if (d.action == RoundAction::kClose) {
         close_round(d.reason);
-      } else if (d.reason.rfind("past the deadline", 0) == 0 && d.reason != last_wait_reason) {
+      } else if (d.overdue && d.reason != last_wait_reason) {
         spdlog::warn("round {}: {}", round.round, d.reason);
         last_wait_reason = d.reason;
       }

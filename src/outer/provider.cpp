@@ -228,6 +228,7 @@ class Leader {
     std::vector<uint8_t> frame;
     up_.encode(const_views(delta, slots), frame);
     bytes_up_ += static_cast<double>(frame.size());
+    tokens_ += tokens;  // reported in the next HELLO
     net::Contribution c;
     c.tokens = tokens;
     c.compute_s = compute_s;

@@ -31,7 +31,8 @@ RoundDecision decide(Clock::time_point now, const RoundState& state,
             fmt::format("past the deadline ({:.1f}s) with {} of min_providers {} contributions; "
                         "waiting for {}",
                         limit, got, config.min_providers,
-                        missing.empty() ? std::string("a provider") : fmt::format("{}", fmt::join(missing, ", ")))};
+                        missing.empty() ? std::string("a provider") : fmt::format("{}", fmt::join(missing, ", "))),
+            true};
   }
   return {RoundAction::kWait, fmt::format("waiting for {}", fmt::join(missing, ", "))};
 }

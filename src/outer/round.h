@@ -33,6 +33,7 @@ enum class RoundAction {
 struct RoundDecision {
   RoundAction action = RoundAction::kWait;
   std::string reason;
+  bool overdue = false;  // waiting past the deadline (too few contributions): worth a warning
 };
 
 // Close when every active provider has contributed, or at the deadline when at least

@@ -170,6 +170,8 @@ TEST_SUITE("elastic_rules") {
     const auto w = outer::decide(at(1020), s, c);
     CHECK(w.action == outer::RoundAction::kWait);
     CHECK(w.reason.find("past the deadline") != std::string::npos);
+    CHECK(w.overdue);
+    CHECK(!outer::decide(at(1014), s, c).overdue);  // before the deadline: not overdue
   }
 
   TEST_CASE("round 1 waits for all K, then min_providers after the grace; later rounds pause below min_providers") {

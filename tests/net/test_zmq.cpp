@@ -38,6 +38,16 @@ struct Head {
     options.link = ZmqBackend::test_link(capture);
     return options;
   }
+  // A hand-made CURVE client with `pair`'s allow-listed key that ignores xloco's framing.
+  ::zmq::socket_t raw_dealer(::zmq::context_t& context, const KeyPair& pair) const {
+    ::zmq::socket_t raw(context, ::zmq::socket_type::dealer);
+    raw.set(::zmq::sockopt::linger, 0);
+    raw.set(::zmq::sockopt::curve_serverkey, key.public_key);
+    raw.set(::zmq::sockopt::curve_publickey, pair.public_key);
+    raw.set(::zmq::sockopt::curve_secretkey, pair.secret_key);
+    raw.connect(server->endpoint());
+    return raw;
+  }
 };
 
 Message heartbeat(std::uint64_t round = 0) { return encode({kRun, round, Heartbeat{}}); }
@@ -135,14 +145,8 @@ TEST_SUITE("net.zmq") {
     Head head;
     head.capture.logger->set_level(spdlog::level::debug);
     zeromq::Client bob(head.client(head.bob));
-    // A hand-made CURVE client with an allow-listed key that ignores xloco's framing.
     ::zmq::context_t context;
-    ::zmq::socket_t raw(context, ::zmq::socket_type::dealer);
-    raw.set(::zmq::sockopt::linger, 0);
-    raw.set(::zmq::sockopt::curve_serverkey, head.key.public_key);
-    raw.set(::zmq::sockopt::curve_publickey, head.alice.public_key);
-    raw.set(::zmq::sockopt::curve_secretkey, head.alice.secret_key);
-    raw.connect(head.server->endpoint());
+    ::zmq::socket_t raw = head.raw_dealer(context, head.alice);
     const std::vector<std::uint8_t> big = pattern(zeromq::kChunkBytes + 1, 5);
     REQUIRE(raw.send(::zmq::buffer(big), ::zmq::send_flags::none));
 
@@ -163,12 +167,7 @@ TEST_SUITE("net.zmq") {
   TEST_CASE("a malformed layout is dropped and logged, and the sender stays connected") {
     Head head;
     ::zmq::context_t context;
-    ::zmq::socket_t raw(context, ::zmq::socket_type::dealer);
-    raw.set(::zmq::sockopt::linger, 0);
-    raw.set(::zmq::sockopt::curve_serverkey, head.key.public_key);
-    raw.set(::zmq::sockopt::curve_publickey, head.alice.public_key);
-    raw.set(::zmq::sockopt::curve_secretkey, head.alice.secret_key);
-    raw.connect(head.server->endpoint());
+    ::zmq::socket_t raw = head.raw_dealer(context, head.alice);
     const std::uint8_t lying_layout[] = {1, 0, 0, 0x10, 0, 0, 0, 0, 0};  // 1 MiB, no parts
     REQUIRE(raw.send(::zmq::buffer(lying_layout), ::zmq::send_flags::none));
     REQUIRE(raw.send(::zmq::str_buffer("garbage"), ::zmq::send_flags::none));
