@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 XLOCO := $(BUILD)/src/cli/xloco
 
-.PHONY: all setup configure build demo demo-train test bench clean
+.PHONY: all setup configure build demo demo-train test bench experiments clean
 
 all: build
 
@@ -31,6 +31,14 @@ bench: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DXLOCO_BUILD_BENCH=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 	bash experiments/bench/run.sh $(BUILD)
+
+# The convergence harness (experiments/harness.py): PLAN=quick (about an hour on 2 cores) or
+# PLAN=full; runs every entry from scratch unless EXPERIMENT_FLAGS is set (e.g. to nothing, to
+# keep finished runs). The WAN entries need root (network namespaces).
+PLAN ?= quick
+EXPERIMENT_FLAGS ?= --rerun all
+experiments: build
+	python3 experiments/harness.py --plan experiments/plans/$(PLAN).json --xloco $(XLOCO) $(EXPERIMENT_FLAGS)
 
 clean:
 	rm -rf $(BUILD)

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct LocalArgs {
-  std::string config;
+  std::string config, init;
   std::vector<std::string> overrides;
   int providers = 0, nproc = 1;
   bool insecure = false, resume = false;
@@ -88,6 +88,7 @@ int run_local(const LocalArgs& in) {
                                      (run_dir / "head.endpoint").string(), "--http",
                                      "127.0.0.1:0"});
   if (a.resume) head_argv.push_back("--resume");
+  if (!a.init.empty()) head_argv.insert(head_argv.end(), {"--init", a.init});
   if (a.insecure) {
     head_argv.push_back("--insecure");
   } else {
@@ -168,6 +169,8 @@ void add_local_command(CLI::App& app) {
   cmd->add_option("--nproc", a->nproc, "ranks per provider")->check(CLI::Range(1, 64));
   cmd->add_flag("--insecure", a->insecure, "plaintext links (default: CURVE with generated keys)");
   cmd->add_flag("--resume", a->resume, "the head continues from the run's latest checkpoint");
+  cmd->add_option("--init", a->init, "warm start θ from a checkpoint directory (see `xloco head --init`)")
+      ->check(CLI::ExistingDirectory);
   cmd->callback([a]() {
     const int rc = run_local(*a);
     if (rc != 0) throw CLI::RuntimeError(rc);

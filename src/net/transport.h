@@ -35,8 +35,9 @@ enum class SendStatus {
 const char* to_string(SendStatus status);
 
 struct Received {
-  PeerId peer;      // who sent it
-  Message message;  // at least one frame
+  PeerId peer;         // who sent it
+  Message message;     // at least one frame
+  std::string address; // the sender's IP address as this end sees it; empty where unknown
 };
 
 class Transport {

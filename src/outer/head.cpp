@@ -42,6 +42,7 @@ struct Member {
   double tokens_per_s = 0;                 // from its heartbeats
   double bytes_up = 0, bytes_down = 0;
   double compute_s = 0;                    // inner compute of its last contribution
+  std::string address;                     // IP address of its last message, as the head sees it
   std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
 };
 
@@ -254,7 +255,7 @@ struct Head::Impl {
     return -1;
   }
 
-  void on_hello(const std::string& peer, const net::Hello& h) {
+  void on_hello(const std::string& peer, const net::Hello& h, const std::string& address) {
     if (h.config_hash != common::config_hash(cfg)) {
       refuse(peer, "config_hash", fmt::format("provider {} has config hash {}, the run has {}", peer,
                                               h.config_hash, common::config_hash(cfg)));
@@ -269,6 +270,7 @@ struct Head::Impl {
     auto& m = members[peer];
     const bool fresh = m.last_seen == Clock::time_point{};
     m.last_seen = Clock::now();
+    m.address = address;
     // A (re)joining provider takes part from the next round; work it already handed in counts.
     if (in_round && !round.contributed.count(peer)) round.active.erase(peer);
     const SyncAction action = sync_for(h.theta_pub_hash, pub_hash, prev_hash, !last_update.empty());
@@ -295,8 +297,9 @@ struct Head::Impl {
     if (fresh) m.state = MemberState::kJoining;  // a newcomer has no state to leave
     set_state(peer, m, MemberState::kJoining,
               fmt::format("{} at round {} ({}), shard {}", verb, done_rounds, how, shard));
-    spdlog::info("provider {} {} at round {} (shard {}/{}, {}), {} live", peer, verb, done_rounds,
-                 shard, cfg.outer.providers, how, live_count());
+    spdlog::info("provider {} {} at round {} from {} (shard {}/{}, {}), {} live", peer, verb,
+                 done_rounds, address.empty() ? "?" : address, shard, cfg.outer.providers, how,
+                 live_count());
   }
 
   void on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
@@ -384,7 +387,7 @@ struct Head::Impl {
         [&](const auto& body) {
           using T = std::decay_t<decltype(body)>;
           if constexpr (std::is_same_v<T, net::Hello>) {
-            on_hello(rx.peer, body);
+            on_hello(rx.peer, body, rx.address);
           } else if constexpr (std::is_same_v<T, net::Contribution>) {
             on_contribution(rx.peer, env.round, body);
           } else if constexpr (std::is_same_v<T, net::Bye>) {
@@ -611,6 +614,7 @@ struct Head::Impl {
     json providers = json::array();
     for (const auto& [name, m] : members) {
       providers.push_back({{"name", name},
+                           {"address", m.address},
                            {"state", to_string(m.state)},
                            {"reason", m.reason},
                            {"up", is_live(m.state) ? 1 : 0},

@@ -249,11 +249,14 @@ std::string status_table(const json& s) {
                                     : "-",
                                 common::human_bytes(num(s, "bytes_up")),
                                 common::human_bytes(num(s, "bytes_down")));
-  out += fmt::format("{:<20} {:<11} {:>6} {:>11} {:>11} {:>11} {:>9}  {}\n", "PROVIDER", "STATE",
-                     "ROUND", "TOKENS/S", "BYTES UP", "BYTES DOWN", "SEEN", "REASON");
+  out += fmt::format("{:<20} {:<15} {:<11} {:>6} {:>11} {:>11} {:>11} {:>9}  {}\n", "PROVIDER",
+                     "ADDRESS", "STATE", "ROUND", "TOKENS/S", "BYTES UP", "BYTES DOWN", "SEEN",
+                     "REASON");
   for (const auto& p : s.value("providers", json::array())) {
-    out += fmt::format("{:<20} {:<11} {:>6} {:>11} {:>11} {:>11} {:>8.1f}s  {}\n",
-                       p.value("name", "?"), p.value("state", "?"), p.value("last_round", 0),
+    const std::string address = p.value("address", "");
+    out += fmt::format("{:<20} {:<15} {:<11} {:>6} {:>11} {:>11} {:>11} {:>8.1f}s  {}\n",
+                       p.value("name", "?"), address.empty() ? "-" : address, p.value("state", "?"),
+                       p.value("last_round", 0),
                        common::human_rate(num(p, "tokens_per_s")),
                        common::human_bytes(num(p, "bytes_up")),
                        common::human_bytes(num(p, "bytes_down")), num(p, "last_seen_s"),

@@ -386,6 +386,7 @@ TEST_SUITE("elastic") {
     const auto st = json::parse(outer::http_get(c.status_url(), "/status"));
     CHECK(st["state"] == "paused");
     CHECK(st["reason"].get<std::string>().find("min_providers 2") != std::string::npos);
+    for (const auto& p : st["providers"]) CHECK(p["address"] == "127.0.0.1");
     c.worker("p1");
     CHECK(c.wait_head() == 0);
     CHECK(c.rounds().back()["round"] == 30);

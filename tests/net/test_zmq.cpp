@@ -82,6 +82,7 @@ TEST_SUITE("net.zmq") {
     auto got = head.server->receive(kPatience);
     REQUIRE(got.has_value());
     CHECK(got->peer == "alice");
+    CHECK(got->address == "127.0.0.1");  // where it came from, for the head's status
     CHECK(head.capture.sink->count(mallory.public_key) >= 1);
     CHECK(head.capture.sink->count(std::string("admitted provider alice (key ") +
                                    head.alice.public_key) == 1);

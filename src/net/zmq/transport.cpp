@@ -166,9 +166,10 @@ std::optional<Received> Server::receive(std::chrono::milliseconds timeout) {
       peer = user_id;
     }
     routes_[peer] = std::move(routing_id);
+    const char* address = zmq_msg_gets(parts[1].handle(), "Peer-Address");
     std::string error;
     std::optional<Message> message = unpack_message(parts, 1, options_.max_frame_bytes, error);
-    if (message) return Received{std::move(peer), std::move(*message)};
+    if (message) return Received{std::move(peer), std::move(*message), address ? address : ""};
     logger_->warn("net: dropped a message from {}: {}", peer, error);
   }
   return std::nullopt;

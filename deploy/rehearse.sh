@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# The multi-provider deployment rehearsed on one machine: the head and N providers each in its
+# own network namespace with its own address, joined through a bridge by veth links that the
+# kernel rate-limits (tc tbf, both directions of every provider link), and configured only
+# through the XLOCO_* environment variables that the containers in deploy/akash use.
+#
+#   sudo deploy/rehearse.sh [--providers 3] [--rate 100mbit] [--config configs/kjv-tiny-4p.json]
+#                           [--set KEY=VALUE]... [--name RUN] [--xloco build/src/cli/xloco]
+#
+# Needs root and `ip netns`; exits 77 (ctest's "skipped") with the reason when either is missing.
+# Writes runs/RUN/rehearsal.json: the head's last /status (read from provider 0's namespace over
+# its rate-limited link) and the addresses and rate used. Exit code: the head's.
+set -euo pipefail
+
+PROVIDERS=3
+RATE=100mbit
+CONFIG=configs/kjv-tiny-4p.json
+XLOCO=build/src/cli/xloco
+NAME=rehearsal
+TIMEOUT=1800
+SETS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --providers) PROVIDERS=$2; shift 2 ;;
+    --rate) RATE=$2; shift 2 ;;
+    --config) CONFIG=$2; shift 2 ;;
+    --set) SETS+=("$2"); shift 2 ;;
+    --name) NAME=$2; shift 2 ;;
+    --xloco) XLOCO=$2; shift 2 ;;
+    --timeout) TIMEOUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "rehearse: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+skip() { echo "rehearse: SKIPPED: $*"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "needs root to create network namespaces (run it with sudo)"
+command -v ip >/dev/null || skip "the ip command is missing (Debian package iproute2)"
+command -v tc >/dev/null || skip "the tc command is missing (Debian package iproute2)"
+probe="xr-probe-$$"
+ip netns add "$probe" 2>/dev/null || skip "ip netns add failed: this kernel or container does not allow network namespaces"
+ip netns del "$probe"
+[ -x "$XLOCO" ] || { echo "rehearse: no xloco binary at $XLOCO (build first, or pass --xloco)" >&2; exit 2; }
+XLOCO=$(realpath "$XLOCO")
+CONFIG=$(realpath "$CONFIG")
+
+# Names are unique per invocation so that rehearsals (and a crashed one's leftovers) never clash.
+P="xr$$"
+SW="$P-sw"
+HEAD_NS="$P-h"
+NET=10.213.$(($$ % 200)).
+HEAD_ADDR=${NET}1
+ZMQ_PORT=7700
+HTTP_PORT=8080
+RUN_DIR=runs/$NAME
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  sleep 1
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$P-" || true); do ip netns del "$ns"; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# tbf needs a bucket of at least one timer tick of traffic; 10 ms of the rate, never under 64 KiB
+# (the largest segment veth hands over).
+rate_bits() {
+  local r=${1,,}
+  case "$r" in
+    *gbit) echo $(( ${r%gbit} * 1000000000 )) ;;
+    *mbit) echo $(( ${r%mbit} * 1000000 )) ;;
+    *kbit) echo $(( ${r%kbit} * 1000 )) ;;
+    *) echo "rehearse: --rate '$1' must end in kbit, mbit or gbit" >&2; exit 2 ;;
+  esac
+}
+BURST=$(( $(rate_bits "$RATE") / 8 / 100 ))
+[ "$BURST" -ge 65536 ] || BURST=65536
+shape() {  # namespace, device
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst "$BURST" latency 200ms
+}
+
+ip netns add "$SW"
+ip -n "$SW" link add br0 type bridge
+ip -n "$SW" link set br0 up
+# connect NAMESPACE ADDRESS LINK SHAPED: a veth from the namespace to the bridge
+connect() {
+  ip netns add "$1"
+  ip link add "$3" netns "$1" type veth peer name "s$3" netns "$SW"
+  ip -n "$1" addr add "$2/24" dev "$3"
+  ip -n "$1" link set lo up
+  ip -n "$1" link set "$3" up
+  ip -n "$SW" link set "s$3" master br0 up
+  if [ "$4" = shaped ]; then
+    shape "$1" "$3"        # uplink: provider -> head
+    shape "$SW" "s$3"      # downlink: head -> provider
+  fi
+}
+# The head's own link is left at full speed: it stands for a data-centre host, and each provider's
+# link is the slow one (per-link rate, as the experiments report it).
+connect "$HEAD_NS" "$HEAD_ADDR" vh full
+for i in $(seq 0 $((PROVIDERS - 1))); do
+  connect "$P-p$i" "${NET}$((11 + i))" "vp$i" shaped
+done
+
+# Keys exactly as an operator makes them (deploy/README.md), handed over as Z85 text in env.
+mkdir -p "$RUN_DIR/rehearsal-keys"
+chmod 700 "$RUN_DIR/rehearsal-keys"
+keys=$RUN_DIR/rehearsal-keys
+"$XLOCO" keygen "$keys/head" >/dev/null
+allow=()
+for i in $(seq 0 $((PROVIDERS - 1))); do
+  "$XLOCO" keygen "$keys/provider-$i" >/dev/null
+  allow+=("provider-$i=$(cat "$keys/provider-$i.pub")")
+done
+SET_CSV=$(IFS=,; echo "run.name=$NAME,outer.providers=$PROVIDERS,outer.min_providers=$PROVIDERS${SETS[*]:+,${SETS[*]}}")
+
+common_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="${HOME:-/root}"
+            XLOCO_CONFIG="$CONFIG" XLOCO_SET="$SET_CSV")
+echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $RATE each way, run $RUN_DIR"
+ip netns exec "$HEAD_NS" "${common_env[@]}" \
+  XLOCO_BIND="tcp://0.0.0.0:$ZMQ_PORT" XLOCO_ADVERTISE="tcp://$HEAD_ADDR:$ZMQ_PORT" \
+  XLOCO_HTTP="0.0.0.0:$HTTP_PORT" XLOCO_KEY="$(cat "$keys/head.key")" \
+  XLOCO_ALLOW="$(IFS=,; echo "${allow[*]}")" XLOCO_RANKS_ON_HOST=$((PROVIDERS + 1)) \
+  "$XLOCO" head > >(sed -u 's/^/[head] /') 2>&1 &
+head_pid=$!
+pids+=("$head_pid")
+for i in $(seq 0 $((PROVIDERS - 1))); do
+  ip netns exec "$P-p$i" "${common_env[@]}" \
+    XLOCO_HEAD="tcp://$HEAD_ADDR:$ZMQ_PORT" XLOCO_HEAD_PUB="$(cat "$keys/head.pub")" \
+    XLOCO_NAME="provider-$i" XLOCO_KEY="$(cat "$keys/provider-$i.key")" \
+    XLOCO_RANKS_ON_HOST=$((PROVIDERS + 1)) \
+    "$XLOCO" worker > >(sed -u "s/^/[provider-$i] /") 2>&1 &
+  pids+=("$!")
+done
+
+# Watch the head's status from outside its namespace, over provider 0's rate-limited link, as an
+# operator would; keep the last answer for the report.
+status_url="http://$HEAD_ADDR:$HTTP_PORT"
+start=$(date +%s)
+last_status=""
+while kill -0 "$head_pid" 2>/dev/null; do
+  if s=$(ip netns exec "$P-p0" "$XLOCO" status --head "$status_url" --json 2>/dev/null); then
+    last_status=$s
+  fi
+  if [ $(( $(date +%s) - start )) -gt "$TIMEOUT" ]; then
+    echo "rehearse: the run did not finish within ${TIMEOUT}s" >&2
+    exit 124
+  fi
+  sleep 2
+done
+set +e
+wait "$head_pid"
+rc=$?
+set -e
+[ -n "$last_status" ] || last_status=null
+cat > "$RUN_DIR/rehearsal.json" <<EOF
+{"rate": "$RATE", "head_address": "$HEAD_ADDR", "providers": $PROVIDERS, "head_exit": $rc,
+ "status": $last_status}
+EOF
+if [ "$last_status" != null ]; then
+  echo "rehearse: the head's last status, read from provider-0's namespace:"
+  python3 -c 'import json,sys; s=json.load(sys.stdin); [print(" ", p["name"], p.get("address","?"), p["state"], "round", p["last_round"]) for p in s["providers"]]' <<<"$last_status"
+fi
+echo "rehearse: head exited with $rc; report in $RUN_DIR/rehearsal.json"
+exit "$rc"

@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""The convergence harness: runs a plan of xloco runs (experiments/plans/*.json), then writes one
+CSV and one markdown table of all runs and gnuplot plots of them.
+
+    python3 experiments/harness.py --plan experiments/plans/quick.json [--rerun NAME|all]
+    python3 experiments/harness.py --plan ... --report-only     # tables and plots from results
+
+A run that already has experiments/results/PLAN/runs/NAME.json is not run again unless --rerun
+names it (or `all`). The xloco run directories (logs, checkpoints) stay under runs/PLAN-NAME/.
+Each run is compared with its plan's `baseline` run: one cluster doing synchronous data parallel
+with K x the per-provider batch, the same total tokens and the same schedule shape.
+
+Plan entries (see experiments/plans/quick.json):
+  name      unique name of the run
+  kind      "train" (xloco train), "local" (xloco local on loopback) or "netns" (deploy/rehearse.sh:
+            the head and each provider in its own network namespace with a rate-limited link)
+  config    JSON config file; set: {key: value} overrides
+  baseline  the run it is compared against (ratio of final eval loss)
+  group     runs plotted together (e.g. "kjv", "fmnist")
+  init      {"run": NAME, "step": S}: warm start the head from that train run's step-S checkpoint
+  kill      {"provider": "provider-1", "after_round": N}: kill -9 that provider after round N
+  rate      link rate for kind netns, e.g. "100mbit"
+"""
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(msg):
+    print(f"harness: {msg}", flush=True)
+
+
+def load_config(path, overrides):
+    with open(ROOT / path) as f:
+        cfg = json.load(f)
+    for key, value in overrides.items():
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return cfg
+
+
+def get(cfg, key, default=None):
+    node = cfg
+    for p in key.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return default
+        node = node[p]
+    return node
+
+
+def set_args(overrides):
+    args = []
+    for k, v in overrides.items():
+        args += ["--set", f"{k}={json.dumps(v) if isinstance(v, bool) else v}"]
+    return args
+
+
+def read_jsonl(path):
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by a crash
+    return rows
+
+
+def provider_pids(run_name, provider):
+    """Processes of one provider of one run (the worker and its rank children)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "worker" in args and provider in args and f"run.name={run_name}" in args:
+            pids.append(int(d.name))
+    return pids
+
+
+class Runner:
+    def __init__(self, plan, plan_path, xloco, out):
+        self.plan = plan
+        self.plan_path = plan_path
+        self.xloco = xloco
+        self.out = out
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+
+    def run_name(self, entry):
+        return f"{self.plan['name']}-{entry['name']}"
+
+    def entry(self, name):
+        for e in self.plan["runs"]:
+            if e["name"] == name:
+                return e
+        raise SystemExit(f"harness: the plan has no run named '{name}'")
+
+    def command(self, e, cfg_overrides):
+        name = self.run_name(e)
+        kind = e["kind"]
+        if kind == "train":
+            return [self.xloco, "train", "--config", str(ROOT / e["config"]), "--nproc",
+                    str(e.get("nproc", 1))] + set_args(cfg_overrides)
+        if kind == "local":
+            cmd = [self.xloco, "local", "--config", str(ROOT / e["config"])] + set_args(cfg_overrides)
+            if "init" in e:
+                src = self.run_name(self.entry(e["init"]["run"]))
+                ckpt = ROOT / "runs" / src / "ckpt" / f"step-{e['init']['step']:07d}"
+                if not ckpt.is_dir():
+                    raise RuntimeError(f"warm start needs {ckpt}: run '{e['init']['run']}' first "
+                                       f"(with inner.checkpoint_every dividing {e['init']['step']})")
+                cmd += ["--init", str(ckpt)]
+            return cmd
+        if kind == "netns":
+            cmd = ["bash", str(ROOT / "deploy/rehearse.sh"), "--xloco", self.xloco, "--config",
+                   str(ROOT / e["config"]), "--name", name, "--rate", e["rate"], "--providers",
+                   str(get(load_config(e["config"], e.get("set", {})), "outer.providers", 4))]
+            for k, v in cfg_overrides.items():
+                if k not in ("run.name", "outer.providers"):
+                    cmd += ["--set", f"{k}={v}"]
+            return cmd
+        raise RuntimeError(f"run {e['name']}: unknown kind '{kind}' (train, local or netns)")
+
+    def execute(self, e):
+        name = self.run_name(e)
+        overrides = dict(e.get("set", {}))
+        overrides["run.name"] = name
+        run_dir = ROOT / "runs" / name
+        if run_dir.exists() and not e.get("keep_dir"):
+            subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        cmd = self.command(e, overrides)
+        logfile = ROOT / "runs" / f"{name}.log"
+        logfile.parent.mkdir(exist_ok=True)
+        log(f"run {e['name']}: {' '.join(cmd[1:] if cmd[0] == 'bash' else cmd)}")
+        log(f"run {e['name']}: log in {logfile.relative_to(ROOT)}")
+        t0 = time.time()
+        with open(logfile, "w") as lf:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT)
+            killer = None
+            if "kill" in e:
+                killer = threading.Thread(target=self.kill_later, args=(e, proc), daemon=True)
+                killer.start()
+            rc = proc.wait()
+        wall = time.time() - t0
+        if rc == 77 and e["kind"] == "netns":
+            reason = [l for l in logfile.read_text().splitlines() if "SKIPPED" in l]
+            return {"skipped": reason[-1] if reason else "skipped by rehearse.sh"}
+        if rc != 0:
+            tail = "\n".join(logfile.read_text().splitlines()[-15:])
+            raise RuntimeError(f"run {e['name']} exited with {rc}; last lines of {logfile}:\n{tail}")
+        return {"wall_s": wall}
+
+    def kill_later(self, e, proc):
+        k = e["kill"]
+        head = ROOT / "runs" / self.run_name(e) / "metrics" / "head.jsonl"
+        while proc.poll() is None:
+            if len(read_jsonl(head)) >= k["after_round"]:
+                pids = provider_pids(self.run_name(e), k["provider"])
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                log(f"run {e['name']}: killed {k['provider']} (pids {pids}) after round "
+                    f"{k['after_round']}")
+                return
+            time.sleep(0.5)
+
+
+def collect(runner, e, extra):
+    """Reads a finished run's metrics into one result record with its eval curve."""
+    name = runner.run_name(e)
+    run_dir = ROOT / "runs" / name
+    cfg = load_config(e["config"], e.get("set", {}))
+    batch = get(cfg, "inner.batch_size")
+    seq = get(cfg, "model.seq_len", 128) if get(cfg, "model.kind", "gpt") == "gpt" else 1
+    steps = get(cfg, "inner.steps")
+    r = {"name": e["name"], "kind": e["kind"], "group": e.get("group", ""),
+         "baseline": e.get("baseline", ""), "label": e.get("label", e["name"]),
+         "wall_s": extra.get("wall_s"), "curve": []}
+    offset_tokens = 0
+    if "init" in e:
+        src = runner.entry(e["init"]["run"])
+        scfg = load_config(src["config"], src.get("set", {}))
+        offset_tokens = e["init"]["step"] * get(scfg, "inner.batch_size") * seq
+        r["warm_start_step"] = e["init"]["step"]
+    if e["kind"] == "train":
+        rows = read_jsonl(run_dir / "metrics" / "provider-0.jsonl")
+        evals = [x for x in rows if "eval_loss" in x]
+        if not evals:
+            raise RuntimeError(f"{name}: no eval records in metrics/provider-0.jsonl")
+        for x in evals:
+            r["curve"].append({"step": x["step"], "tokens": x["step"] * batch * seq,
+                               "eval_loss": x["eval_loss"], "eval_accuracy": x.get("eval_accuracy"),
+                               "bytes": None})
+        last = evals[-1]
+        r.update({"providers": 1, "H": 1, "codec": "fp32 allreduce", "steps": steps,
+                  "K_ref": e.get("dp_providers", 4), "sharding": get(cfg, "data.sharding"),
+                  "tokens": steps * batch * seq, "final_eval_loss": last["eval_loss"],
+                  "final_accuracy": last.get("eval_accuracy"), "bytes": None,
+                  "bytes_vs_dp": 1.0, "utilization": None})
+        return r
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = read_jsonl(run_dir / "metrics" / "head.jsonl")
+    H = get(cfg, "outer.inner_steps")
+    tokens = offset_tokens
+    for x in rounds:
+        in_round = min(H, steps - (x["round"] - 1) * H)
+        tokens += x["participants"] * in_round * batch * seq
+        if "eval_loss" in x:
+            r["curve"].append({"tokens": tokens, "eval_loss": x["eval_loss"],
+                               "eval_accuracy": x.get("eval_accuracy"),
+                               "bytes": x["bytes_up"] + x["bytes_down"]})
+    steady = rounds[1:] if len(rounds) > 1 else rounds
+    comp = sum(x["compute_s"] for x in steady)
+    wall = sum(x["round_wall_s"] for x in steady)
+    acc = [x["eval_accuracy"] for x in rounds if "eval_accuracy" in x]
+    r.update({"providers": get(cfg, "outer.providers"), "H": H,
+              "codec": f"{get(cfg, 'outer.codec_up')}/{get(cfg, 'outer.codec_down')}",
+              "sharding": get(cfg, "data.sharding") + (
+                  f"({get(cfg, 'data.dirichlet_alpha')})" if get(cfg, "data.sharding") == "dirichlet" else ""),
+              "tokens": tokens, "final_eval_loss": summary["final_eval_loss"],
+              "final_accuracy": acc[-1] if acc else None,
+              "bytes": summary["bytes_up"] + summary["bytes_down"],
+              "bytes_vs_dp": (summary["bytes_up"] + summary["bytes_down"]) / summary["fp32_dp_bytes"],
+              "param_bytes": summary["param_bytes"], "rounds": summary["rounds"],
+              "utilization": comp / wall if wall > 0 else None,
+              "min_participants": min(x["participants"] for x in rounds)})
+    if e["kind"] == "netns":
+        r["rate"] = e["rate"]
+        reh = json.loads((run_dir / "rehearsal.json").read_text())
+        r["addresses"] = sorted(p.get("address", "") for p in (reh.get("status") or {}).get("providers", []))
+    return r
+
+
+def fmt_bytes(b):
+    if b is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(b) < 1000 or unit == "TB":
+            return f"{b:.1f} {unit}" if unit != "B" else f"{b:.0f} B"
+        b /= 1000
+
+
+def report(runner, results):
+    out = runner.out
+    by_name = {r["name"]: r for r in results}
+    # The baseline's bytes: what fp32 data parallel over K providers sends for its steps (the
+    # parameter count comes from the group's DiLoCo runs).
+    param_bytes = {r["group"]: r["param_bytes"] for r in results if r.get("param_bytes")}
+    for r in results:
+        if r["kind"] == "train" and r["group"] in param_bytes:
+            per_step = 2.0 * param_bytes[r["group"]] * r["K_ref"]
+            r["bytes"] = per_step * r["steps"]
+            for p in r["curve"]:
+                p["bytes"] = per_step * p["step"]
+    for r in results:
+        base = by_name.get(r.get("baseline"))
+        r["loss_ratio"] = (r["final_eval_loss"] / base["final_eval_loss"]
+                           if base and r.get("final_eval_loss") else None)
+        r["acc_gap"] = (r["final_accuracy"] - base["final_accuracy"]
+                        if base and r.get("final_accuracy") is not None
+                        and base.get("final_accuracy") is not None else None)
+    cols = ["name", "kind", "providers", "H", "codec", "sharding", "tokens", "final_eval_loss",
+            "loss_ratio", "final_accuracy", "bytes", "bytes_vs_dp", "wall_s", "utilization"]
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in results:
+            w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+
+    def cell(r, c):
+        v = r.get(c)
+        if v is None:
+            return "-"
+        if c == "final_eval_loss":
+            return f"{v:.4f}"
+        if c == "loss_ratio":
+            return f"{v:.3f}"
+        if c == "final_accuracy":
+            return f"{100 * v:.2f} %"
+        if c == "bytes":
+            return fmt_bytes(v)
+        if c == "bytes_vs_dp":
+            return "1 (reference)" if v == 1.0 else f"{v:.5f} ({1 / v:.0f}x fewer)"
+        if c == "wall_s":
+            return f"{v / 60:.1f} min"
+        if c == "utilization":
+            return f"{100 * v:.2f} %"
+        if c == "tokens":
+            return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.1f} k"
+        return str(v)
+
+    heads = ["run", "kind", "K", "H", "codec up/down", "sharding", "tokens", "final eval loss",
+             "ratio to baseline", "accuracy", "bytes sent", "vs data parallel", "wall", "utilization"]
+    lines = [f"# Plan `{runner.plan['name']}` — {len(results)} runs", "",
+             runner.plan.get("description", ""), "",
+             "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in results:
+        if r.get("skipped"):
+            lines.append(f"| {r['name']} | {r['kind']} | skipped: {r['skipped']} |" + " |" * (len(heads) - 3))
+            continue
+        lines.append("| " + " | ".join(cell(r, c) for c in cols) + " |")
+    lines += ["", "Baselines: " + ", ".join(sorted({r['baseline'] for r in results if r.get('baseline')})),
+              "Utilization: inner compute / round wall time over rounds 2.. (the slowest provider's "
+              "compute each round). Bytes: up + down, all providers; data parallel = fp32 gradients "
+              "both ways every step over the same K providers.", ""]
+    (out / "results.md").write_text("\n".join(lines))
+    plots(runner, results)
+    log(f"wrote {out / 'results.md'}, results.csv and plots")
+
+
+def plots(runner, results):
+    out = runner.out
+    if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode != 0:
+        log("gnuplot is not installed (Debian package gnuplot-nox): no plots")
+        return
+    dat = out / "plot-data"
+    dat.mkdir(exist_ok=True)
+    groups = {}
+    for r in results:
+        if r.get("skipped") or not r.get("curve"):
+            continue
+        groups.setdefault(r["group"], []).append(r)
+        with open(dat / f"{r['name']}.dat", "w") as f:
+            f.write("# tokens eval_loss bytes eval_accuracy\n")
+            for p in r["curve"]:
+                acc = p.get("eval_accuracy")
+                f.write(f"{p['tokens']} {p['eval_loss']} {p['bytes'] or 'NaN'} {acc if acc is not None else 'NaN'}\n")
+    script = ["set terminal pngcairo size 900,560 font 'sans,10'", "set grid", "set key outside right"]
+    for group, rs in groups.items():
+        plot_runs = [r for r in rs if r["kind"] != "netns"]
+        if not plot_runs:
+            continue
+        curves = ", ".join(
+            f"'{dat / (r['name'] + '.dat')}' using ($1/1e6):2 with linespoints title '{r['label']}'"
+            + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "") for r in plot_runs)
+        script += [f"set output '{out / f'loss-vs-tokens-{group}.png'}'",
+                   f"set title 'Eval loss vs tokens ({group}, plan {runner.plan['name']})'",
+                   "set xlabel 'tokens (millions)'" if group != "fmnist" else "set xlabel 'images (millions)'",
+                   "set ylabel 'eval loss'", "unset logscale x", f"plot {curves}"]
+        curves = ", ".join(
+            f"'{dat / (r['name'] + '.dat')}' using 3:2 with linespoints title '{r['label']}'"
+            + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "")
+            for r in plot_runs if r["curve"][-1].get("bytes"))
+        if not curves:
+            continue
+        script += [f"set output '{out / f'loss-vs-bytes-{group}.png'}'",
+                   f"set title 'Eval loss vs bytes communicated ({group})'",
+                   "set xlabel 'bytes sent, up + down, all providers (log)'", "set logscale x",
+                   f"plot {curves}", "unset logscale x"]
+    wan = sorted((r for r in results if r["kind"] == "netns" and not r.get("skipped")),
+                 key=lambda r: rate_mbit(r["rate"]))
+    if wan:
+        with open(dat / "utilization.dat", "w") as f:
+            f.write("# mbit utilization_percent\n")
+            for r in wan:
+                f.write(f"{rate_mbit(r['rate'])} {100 * r['utilization']}\n")
+        script += [f"set output '{out / 'utilization-vs-bandwidth.png'}'",
+                   "set title 'Compute utilization vs link bandwidth (K=4, H=50, int8)'",
+                   "set xlabel 'per-provider link rate, Mbit/s (log)'", "set logscale x",
+                   "set ylabel 'inner compute / wall (%)'", "set yrange [*:100]", "unset key",
+                   f"plot '{dat / 'utilization.dat'}' using 1:2 with linespoints lw 2 pt 7, 97 dt 2 lc rgb 'red'"]
+    gp = out / "plots.gp"
+    gp.write_text("\n".join(script) + "\n")
+    res = subprocess.run(["gnuplot", str(gp)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"gnuplot failed: {res.stderr}")
+
+
+def rate_mbit(rate):
+    r = rate.lower()
+    for unit, f in (("gbit", 1000.0), ("mbit", 1.0), ("kbit", 0.001)):
+        if r.endswith(unit):
+            return float(r[: -len(unit)]) * f
+    raise ValueError(f"rate '{rate}' must end in kbit, mbit or gbit")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan", required=True, help="experiments/plans/NAME.json")
+    ap.add_argument("--xloco", default=str(ROOT / "build/src/cli/xloco"))
+    ap.add_argument("--out", help="results folder (default experiments/results/PLAN)")
+    ap.add_argument("--rerun", action="append", default=[], help="run NAME again (or 'all')")
+    ap.add_argument("--only", action="append", default=[], help="run only these (and report all)")
+    ap.add_argument("--report-only", action="store_true", help="no runs: tables and plots only")
+    a = ap.parse_args()
+    plan = json.loads(Path(a.plan).read_text())
+    names = [e["name"] for e in plan["runs"]]
+    if len(set(names)) != len(names):
+        raise SystemExit("harness: run names in the plan must be unique")
+    for n in a.rerun + a.only:
+        if n != "all" and n not in names:
+            raise SystemExit(f"harness: the plan has no run named '{n}'")
+    out = Path(a.out) if a.out else ROOT / "experiments" / "results" / plan["name"]
+    runner = Runner(plan, Path(a.plan), a.xloco, out)
+    if not a.report_only and not os.access(a.xloco, os.X_OK):
+        raise SystemExit(f"harness: no xloco binary at {a.xloco} (make build, or pass --xloco)")
+    t0 = time.time()
+    results = []
+    for e in plan["runs"]:
+        rfile = out / "runs" / f"{e['name']}.json"
+        want = not a.only or e["name"] in a.only
+        fresh = "all" in a.rerun or e["name"] in a.rerun
+        if want and not a.report_only and (fresh or not rfile.exists()):
+            extra = runner.execute(e)
+            if "skipped" in extra:
+                log(f"run {e['name']}: {extra['skipped']}")
+                rec = {"name": e["name"], "kind": e["kind"], "group": e.get("group", ""),
+                       "skipped": extra["skipped"]}
+            else:
+                rec = collect(runner, e, extra)
+                log(f"run {e['name']}: final eval loss {rec['final_eval_loss']:.4f} in "
+                    f"{rec['wall_s'] / 60:.1f} min")
+            tmp = rfile.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rec, indent=1))
+            tmp.replace(rfile)
+        if rfile.exists():
+            results.append(json.loads(rfile.read_text()))
+        else:
+            log(f"run {e['name']}: no result yet (not run)")
+    report(runner, results)
+    log(f"done in {(time.time() - t0) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except RuntimeError as err:
+        print(f"harness: error: {err}", file=sys.stderr)
+        sys.exit(1)
