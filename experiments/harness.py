@@ -95,7 +95,8 @@ def provider_pids(run_name, provider):
 
 
 class Runner:
-    def __init__(self, plan, plan_path, xloco, out):
+    def __init__(self, plan, plan_path, xloco, out, work):
+        self.work = work
         self.plan = plan
         self.plan_path = plan_path
         self.xloco = xloco
@@ -121,7 +122,7 @@ class Runner:
             cmd = [self.xloco, "local", "--config", str(ROOT / e["config"])] + set_args(cfg_overrides)
             if "init" in e:
                 src = self.run_name(self.entry(e["init"]["run"]))
-                ckpt = ROOT / "runs" / src / "ckpt" / f"step-{e['init']['step']:07d}"
+                ckpt = self.work / "runs" / src / "ckpt" / f"step-{e['init']['step']:07d}"
                 if not ckpt.is_dir():
                     raise RuntimeError(f"warm start needs {ckpt}: run '{e['init']['run']}' first "
                                        f"(with inner.checkpoint_every dividing {e['init']['step']})")
@@ -141,17 +142,17 @@ class Runner:
         name = self.run_name(e)
         overrides = dict(e.get("set", {}))
         overrides["run.name"] = name
-        run_dir = ROOT / "runs" / name
+        run_dir = self.work / "runs" / name
         if run_dir.exists() and not e.get("keep_dir"):
             subprocess.run(["rm", "-rf", str(run_dir)], check=True)
         cmd = self.command(e, overrides)
-        logfile = ROOT / "runs" / f"{name}.log"
+        logfile = self.work / "runs" / f"{name}.log"
         logfile.parent.mkdir(exist_ok=True)
         log(f"run {e['name']}: {' '.join(cmd[1:] if cmd[0] == 'bash' else cmd)}")
-        log(f"run {e['name']}: log in {logfile.relative_to(ROOT)}")
+        log(f"run {e['name']}: log in {logfile}")
         t0 = time.time()
         with open(logfile, "w") as lf:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=self.work, stdout=lf, stderr=subprocess.STDOUT)
             killer = None
             if "kill" in e:
                 killer = threading.Thread(target=self.kill_later, args=(e, proc), daemon=True)
@@ -168,7 +169,7 @@ class Runner:
 
     def kill_later(self, e, proc):
         k = e["kill"]
-        head = ROOT / "runs" / self.run_name(e) / "metrics" / "head.jsonl"
+        head = self.work / "runs" / self.run_name(e) / "metrics" / "head.jsonl"
         while proc.poll() is None:
             if len(read_jsonl(head)) >= k["after_round"]:
                 pids = provider_pids(self.run_name(e), k["provider"])
@@ -186,7 +187,7 @@ class Runner:
 def collect(runner, e, extra):
     """Reads a finished run's metrics into one result record with its eval curve."""
     name = runner.run_name(e)
-    run_dir = ROOT / "runs" / name
+    run_dir = runner.work / "runs" / name
     cfg = load_config(e["config"], e.get("set", {}))
     batch = get(cfg, "inner.batch_size")
     seq = get(cfg, "model.seq_len", 128) if get(cfg, "model.kind", "gpt") == "gpt" else 1
@@ -343,25 +344,25 @@ def plots(runner, results):
             for p in r["curve"]:
                 acc = p.get("eval_accuracy")
                 f.write(f"{p['tokens']} {p['eval_loss']} {p['bytes'] or 'NaN'} {acc if acc is not None else 'NaN'}\n")
-    script = ["set terminal pngcairo size 900,560 font 'sans,10'", "set grid", "set key outside right"]
+    script = ["set terminal pngcairo size 900,600 font 'sans,10'", "set grid", "set key top right"]
     for group, rs in groups.items():
         plot_runs = [r for r in rs if r["kind"] != "netns"]
         if not plot_runs:
             continue
         curves = ", ".join(
-            f"'{dat / (r['name'] + '.dat')}' using ($1/1e6):2 with linespoints title '{r['label']}'"
+            f"'plot-data/{r['name']}.dat' using ($1/1e6):2 with linespoints title '{r['label']}'"
             + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "") for r in plot_runs)
-        script += [f"set output '{out / f'loss-vs-tokens-{group}.png'}'",
+        script += [f"set output 'loss-vs-tokens-{group}.png'",
                    f"set title 'Eval loss vs tokens ({group}, plan {runner.plan['name']})'",
                    "set xlabel 'tokens (millions)'" if group != "fmnist" else "set xlabel 'images (millions)'",
                    "set ylabel 'eval loss'", "unset logscale x", f"plot {curves}"]
         curves = ", ".join(
-            f"'{dat / (r['name'] + '.dat')}' using 3:2 with linespoints title '{r['label']}'"
+            f"'plot-data/{r['name']}.dat' using 3:2 with linespoints title '{r['label']}'"
             + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "")
             for r in plot_runs if r["curve"][-1].get("bytes"))
         if not curves:
             continue
-        script += [f"set output '{out / f'loss-vs-bytes-{group}.png'}'",
+        script += [f"set output 'loss-vs-bytes-{group}.png'",
                    f"set title 'Eval loss vs bytes communicated ({group})'",
                    "set xlabel 'bytes sent, up + down, all providers (log)'", "set logscale x",
                    f"plot {curves}", "unset logscale x"]
@@ -372,14 +373,14 @@ def plots(runner, results):
             f.write("# mbit utilization_percent\n")
             for r in wan:
                 f.write(f"{rate_mbit(r['rate'])} {100 * r['utilization']}\n")
-        script += [f"set output '{out / 'utilization-vs-bandwidth.png'}'",
+        script += ["set output 'utilization-vs-bandwidth.png'",
                    "set title 'Compute utilization vs link bandwidth (K=4, H=50, int8)'",
                    "set xlabel 'per-provider link rate, Mbit/s (log)'", "set logscale x",
                    "set ylabel 'inner compute / wall (%)'", "set yrange [*:100]", "unset key",
-                   f"plot '{dat / 'utilization.dat'}' using 1:2 with linespoints lw 2 pt 7, 97 dt 2 lc rgb 'red'"]
+                   f"plot 'plot-data/utilization.dat' using 1:2 with linespoints lw 2 pt 7, 97 dt 2 lc rgb 'red'"]
     gp = out / "plots.gp"
     gp.write_text("\n".join(script) + "\n")
-    res = subprocess.run(["gnuplot", str(gp)], capture_output=True, text=True)
+    res = subprocess.run(["gnuplot", gp.name], cwd=out, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"gnuplot failed: {res.stderr}")
 
@@ -397,11 +398,15 @@ def main():
     ap.add_argument("--plan", required=True, help="experiments/plans/NAME.json")
     ap.add_argument("--xloco", default=str(ROOT / "build/src/cli/xloco"))
     ap.add_argument("--out", help="results folder (default experiments/results/PLAN)")
+    ap.add_argument("--work", default=str(ROOT), help="runs go to WORK/runs/PLAN-NAME (default: the repository)")
     ap.add_argument("--rerun", action="append", default=[], help="run NAME again (or 'all')")
     ap.add_argument("--only", action="append", default=[], help="run only these (and report all)")
     ap.add_argument("--report-only", action="store_true", help="no runs: tables and plots only")
     a = ap.parse_args()
-    plan = json.loads(Path(a.plan).read_text())
+    try:
+        plan = json.loads(Path(a.plan).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise SystemExit(f"harness: cannot read plan {a.plan}: {err}")
     names = [e["name"] for e in plan["runs"]]
     if len(set(names)) != len(names):
         raise SystemExit("harness: run names in the plan must be unique")
@@ -409,7 +414,7 @@ def main():
         if n != "all" and n not in names:
             raise SystemExit(f"harness: the plan has no run named '{n}'")
     out = Path(a.out) if a.out else ROOT / "experiments" / "results" / plan["name"]
-    runner = Runner(plan, Path(a.plan), a.xloco, out)
+    runner = Runner(plan, Path(a.plan), os.path.abspath(a.xloco), out, Path(a.work).resolve())
     if not a.report_only and not os.access(a.xloco, os.X_OK):
         raise SystemExit(f"harness: no xloco binary at {a.xloco} (make build, or pass --xloco)")
     t0 = time.time()

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/safetensors.h"
@@ -23,7 +24,7 @@ void add_head_command(CLI::App& app) {
   struct Args {
     std::string config, bind = "tcp://0.0.0.0:7700", advertise, key, init, endpoint_file, http;
     std::vector<std::string> overrides, allow;
-    bool insecure = false, resume = false;
+    bool insecure = false, resume = false, auto_resume = false;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("head", "coordinate a DiLoCo run across providers");
@@ -35,6 +36,11 @@ void add_head_command(CLI::App& app) {
   cmd->add_option("--allow", a->allow, "allow-listed provider keys: .pub files, directories of them, or NAME=Z85KEY")->envname("XLOCO_ALLOW")->delimiter(',');
   cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated links (loopback experiments only)")->envname("XLOCO_INSECURE");
   cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint")->envname("XLOCO_RESUME");
+  cmd->add_flag("--auto-resume", a->auto_resume,
+                "continue from the latest checkpoint if the run has one, else start it (for "
+                "containers that restart)")
+      ->envname("XLOCO_AUTO_RESUME")
+      ->excludes("--resume");
   cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)")->envname("XLOCO_INIT");
   cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening")->envname("XLOCO_ENDPOINT_FILE");
   cmd->add_option("--http", a->http,
@@ -75,6 +81,13 @@ void add_head_command(CLI::App& app) {
     outer::HeadOptions ho;
     ho.run_dir = run_dir.string();
     ho.resume = a->resume;
+    if (a->auto_resume) {
+      const auto latest = common::latest_checkpoint((run_dir / "ckpt").string());
+      ho.resume = latest.has_value();
+      spdlog::info("auto-resume: {}", latest ? "continuing from " + *latest
+                                              : "no checkpoint under " + (run_dir / "ckpt").string() +
+                                                    ", starting the run");
+    }
     ho.init = a->init;
     ho.http = a->http;
     outer::Head head(cfg, ho, std::move(server));

@@ -312,10 +312,11 @@ TEST_SUITE("elastic") {
     const uint64_t ckpt = state["round"];
     CHECK(ckpt >= 4);
     const size_t before = c.rounds().size();  // usually past the checkpoint: a full resync
-    c.head(" --resume", "head2");
+    c.head(" --auto-resume", "head2");  // what a restarted container does (deploy/akash/head.yaml)
     REQUIRE(test::wait_rounds(c.run / "metrics/head.jsonl", before + 4, c.pids["head"]));
     const std::string log2 = slurp(c.log("head2"));
     INFO(log2);
+    CHECK(log2.find("auto-resume: continuing from " + (c.run / "ckpt").string()) != std::string::npos);
     CHECK(log2.find("resumed from") != std::string::npos);
     CHECK(log2.find("provider p0 joined at round " + std::to_string(ckpt)) != std::string::npos);
     const auto all = c.rounds();
@@ -490,7 +491,7 @@ TEST_SUITE("elastic") {
     }
     Cluster c("env", " --set inner.steps=200 --set outer.inner_steps=20 --set outer.min_providers=2", 2,
               {"p0", "envp"});
-    c.head();
+    c.head(" --auto-resume");  // nothing to resume yet: it starts the run
     c.worker("p0");
     std::string secret, head_pub, overrides;
     std::ifstream(c.keys / "envp.key") >> secret;
@@ -506,6 +507,7 @@ TEST_SUITE("elastic") {
     CHECK(c.wait_head() == 0);
     INFO(slurp(c.log("envp")));
     CHECK(c.head_log().find("provider envp joined at round 0") != std::string::npos);
+    CHECK(c.head_log().find("auto-resume: no checkpoint under") != std::string::npos);
     CHECK(slurp(c.log("envp")).find(secret) == std::string::npos);  // never logged
     const auto all = c.rounds();
     REQUIRE(all.size() == 10);
