@@ -59,7 +59,9 @@ cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   sleep 1
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$P-" || true); do ip netns del "$ns"; done
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$P-" || true); do ip netns del "$ns" || true; done
+  # Files a sudo user's rehearsal wrote stay theirs.
+  if [ -n "${SUDO_USER:-}" ] && [ -d "$RUN_DIR" ]; then chown -R "$SUDO_USER" "$RUN_DIR" || true; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -75,6 +77,7 @@ rate_bits() {
     *) echo "rehearse: --rate '$1' must end in kbit, mbit or gbit" >&2; exit 2 ;;
   esac
 }
+[[ "${RATE,,}" =~ ^[0-9]+(k|m|g)bit$ ]] || { echo "rehearse: --rate '$RATE' must be a number ending in kbit, mbit or gbit" >&2; exit 2; }
 BURST=$(( $(rate_bits "$RATE") / 8 / 100 ))
 [ "$BURST" -ge 65536 ] || BURST=65536
 shape() {  # namespace, device
@@ -161,7 +164,7 @@ cat > "$RUN_DIR/rehearsal.json" <<EOF
 EOF
 if [ "$last_status" != null ]; then
   echo "rehearse: the head's last status, read from provider-0's namespace:"
-  python3 -c 'import json,sys; s=json.load(sys.stdin); [print(" ", p["name"], p.get("address","?"), p["state"], "round", p["last_round"]) for p in s["providers"]]' <<<"$last_status"
+  python3 -c 'import json,sys; s=json.load(sys.stdin); [print(" ", p["name"], p.get("address","?"), p["state"], "round", p["last_round"]) for p in s["providers"]]' <<<"$last_status" || true
 fi
 echo "rehearse: head exited with $rc; report in $RUN_DIR/rehearsal.json"
 exit "$rc"

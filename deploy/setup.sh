@@ -19,6 +19,8 @@ PACKAGES=(
   iproute2 procps
   # promtool, which lints the head's /metrics in the tests
   prometheus
+  # plots of the convergence harness (make experiments)
+  gnuplot-nox
 )
 PACKAGES+=(${XLOCO_EXTRA_PACKAGES:-})
 

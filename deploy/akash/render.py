@@ -11,6 +11,7 @@ keys/NAME`); every provider-*.pub there is allow-listed on the head. A rendered 
 secret keys: it is written with mode 0600, and it must not be committed.
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -30,11 +31,25 @@ def read_key(path):
     return text
 
 
+ENV_LINE = re.compile(r"^(\s*- )(XLOCO_[A-Z_]+=.*?)(\s+#.*)?$")
+
+
 def render(template, values):
     missing = sorted({m for m in PLACEHOLDER.findall(template) if m not in values})
     if missing:
         sys.exit(f"render: no value for {', '.join(missing)}")
-    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+    out = []
+    for line in template.splitlines():
+        m = ENV_LINE.match(line)
+        if m:
+            # Z85 keys may hold ':' (YAML) and '$' (Kubernetes expands $(NAME) and turns $$ into
+            # $ in env values): every env entry is one double-quoted scalar with '$' doubled.
+            entry = PLACEHOLDER.sub(lambda p: str(values[p.group(1)]), m.group(2))
+            line = m.group(1) + json.dumps(entry.replace("$", "$$")) + (m.group(3) or "")
+        else:
+            line = PLACEHOLDER.sub(lambda p: str(values[p.group(1)]), line)
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def main():
@@ -47,7 +62,8 @@ def main():
                     help="config path inside the image")
     ap.add_argument("--set", default="", help="more overrides, comma-separated KEY=VALUE")
     ap.add_argument("--advertise", default="", help="head: tcp://HOST:PORT providers use (optional)")
-    ap.add_argument("--price", type=int, default=None, help="max price in uakt per block")
+    ap.add_argument("--price", type=int, default=None, help="max price per block, in --denom")
+    ap.add_argument("--denom", default="uakt", choices=["uakt", "uact"], help="pricing denom")
     ap.add_argument("--name", help="provider: its name (its key is KEYS/NAME.key)")
     ap.add_argument("--head", help="provider: tcp://HOST:PORT, the head's forwarded ZeroMQ port")
     ap.add_argument("--gpus", type=int, default=1, help="provider: GPUs (= ranks) per lease")
@@ -58,7 +74,7 @@ def main():
     a = ap.parse_args()
 
     extra = "," + a.set if a.set else ""
-    values = {"IMAGE": a.image, "RUN": a.run, "CONFIG": a.config, "SET": extra}
+    values = {"IMAGE": a.image, "RUN": a.run, "CONFIG": a.config, "SET": extra, "DENOM": a.denom}
     if a.role == "head":
         pubs = sorted(a.keys.glob("provider-*.pub"))
         if not pubs:
@@ -78,6 +94,7 @@ def main():
     text = render((HERE / f"{a.role}.yaml").read_text(), values)
     if a.output:
         fd = os.open(a.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # also when the file already existed
         with os.fdopen(fd, "w") as f:
             f.write(text)
         print(f"render: wrote {a.output} (contains secret keys: do not commit it)", file=sys.stderr)

@@ -60,7 +60,9 @@ check("make test" in (SRC / ".ci/run").read_text(), ".ci/run runs make test")
 for dockerfile, extra in (("deploy/Dockerfile", None), ("deploy/Dockerfile.cuda", "CMAKE_PREFIX_PATH=")):
     ins = instructions(dockerfile)
     froms = [a for w, a in ins if w == "FROM"]
-    check(froms == ["debian:bookworm"], f"{dockerfile} is built on debian:bookworm (got {froms})")
+    check(bool(froms) and froms[-1] == "debian:bookworm", f"{dockerfile}'s image is built on debian:bookworm (got {froms})")
+    check(all(re.search(r"\sAS\s+\w+$", f, re.I) for f in froms[:-1]),
+          f"{dockerfile}'s other stages are only named sources of files")
     runs = [a for w, a in ins if w == "RUN"]
     setup_at = next((i for i, a in enumerate(runs) if re.search(r"\bbash deploy/setup\.sh\b", a)), None)
     build_at = next((i for i, a in enumerate(runs) if re.search(r"\bmake build\b", a)), None)
