@@ -25,6 +25,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,7 +123,7 @@ class Runner:
             cmd = [self.xloco, "local", "--config", str(ROOT / e["config"])] + set_args(cfg_overrides)
             if "init" in e:
                 src = self.run_name(self.entry(e["init"]["run"]))
-                ckpt = self.work / "runs" / src / "ckpt" / f"step-{e['init']['step']:07d}"
+                ckpt = self.kept_checkpoint(src, e["init"]["step"])
                 if not ckpt.is_dir():
                     raise RuntimeError(f"warm start needs {ckpt}: run '{e['init']['run']}' first "
                                        f"(with inner.checkpoint_every dividing {e['init']['step']})")
@@ -153,11 +154,16 @@ class Runner:
         t0 = time.time()
         with open(logfile, "w") as lf:
             proc = subprocess.Popen(cmd, cwd=self.work, stdout=lf, stderr=subprocess.STDOUT)
-            killer = None
+            watchers = []
             if "kill" in e:
-                killer = threading.Thread(target=self.kill_later, args=(e, proc), daemon=True)
-                killer.start()
+                watchers.append(threading.Thread(target=self.kill_later, args=(e, proc), daemon=True))
+            if any(x.get("init", {}).get("run") == e["name"] for x in self.plan["runs"]):
+                watchers.append(threading.Thread(target=self.keep_checkpoints, args=(e, proc), daemon=True))
+            for w in watchers:
+                w.start()
             rc = proc.wait()
+            for w in watchers:
+                w.join(timeout=60)
         wall = time.time() - t0
         if rc == 77 and e["kind"] == "netns":
             reason = [l for l in logfile.read_text().splitlines() if "SKIPPED" in l]
@@ -166,6 +172,28 @@ class Runner:
             tail = "\n".join(logfile.read_text().splitlines()[-15:])
             raise RuntimeError(f"run {e['name']} exited with {rc}; last lines of {logfile}:\n{tail}")
         return {"wall_s": wall}
+
+    def kept_checkpoint(self, run_name, step):
+        return self.work / "runs" / run_name / "warm-start" / f"step-{step:07d}"
+
+    def keep_checkpoints(self, e, proc):
+        """Copies the checkpoints that warm starts need as soon as they are written (xloco
+        train keeps only its newest three)."""
+        name = self.run_name(e)
+        steps = {x["init"]["step"] for x in self.plan["runs"]
+                 if x.get("init", {}).get("run") == e["name"]}
+        while steps:
+            for step in sorted(steps):
+                src = self.work / "runs" / name / "ckpt" / f"step-{step:07d}"
+                if (src / "state.json").exists():
+                    dst = self.kept_checkpoint(name, step)
+                    shutil.rmtree(dst, ignore_errors=True)
+                    shutil.copytree(src, dst)
+                    log(f"run {e['name']}: kept checkpoint step {step} for warm starts")
+                    steps.discard(step)
+            if proc.poll() is not None:
+                return
+            time.sleep(0.5)
 
     def kill_later(self, e, proc):
         k = e["kill"]
