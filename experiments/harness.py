@@ -96,10 +96,9 @@ def provider_pids(run_name, provider):
 
 
 class Runner:
-    def __init__(self, plan, plan_path, xloco, out, work):
+    def __init__(self, plan, xloco, out, work):
         self.work = work
         self.plan = plan
-        self.plan_path = plan_path
         self.xloco = xloco
         self.out = out
         (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -144,8 +143,7 @@ class Runner:
         overrides = dict(e.get("set", {}))
         overrides["run.name"] = name
         run_dir = self.work / "runs" / name
-        if run_dir.exists() and not e.get("keep_dir"):
-            subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
         cmd = self.command(e, overrides)
         logfile = self.work / "runs" / f"{name}.log"
         logfile.parent.mkdir(exist_ok=True)
@@ -442,7 +440,7 @@ def main():
         if n != "all" and n not in names:
             raise SystemExit(f"harness: the plan has no run named '{n}'")
     out = Path(a.out) if a.out else ROOT / "experiments" / "results" / plan["name"]
-    runner = Runner(plan, Path(a.plan), os.path.abspath(a.xloco), out, Path(a.work).resolve())
+    runner = Runner(plan, os.path.abspath(a.xloco), out, Path(a.work).resolve())
     if not a.report_only and not os.access(a.xloco, os.X_OK):
         raise SystemExit(f"harness: no xloco binary at {a.xloco} (make build, or pass --xloco)")
     t0 = time.time()

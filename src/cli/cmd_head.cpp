@@ -8,7 +8,6 @@
 
 #include "cli/commands.h"
 #include "cli/launch.h"
-#include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/safetensors.h"
@@ -81,13 +80,7 @@ void add_head_command(CLI::App& app) {
     outer::HeadOptions ho;
     ho.run_dir = run_dir.string();
     ho.resume = a->resume;
-    if (a->auto_resume) {
-      const auto latest = common::latest_checkpoint((run_dir / "ckpt").string());
-      ho.resume = latest.has_value();
-      spdlog::info("auto-resume: {}", latest ? "continuing from " + *latest
-                                              : "no checkpoint under " + (run_dir / "ckpt").string() +
-                                                    ", starting the run");
-    }
+    ho.auto_resume = a->auto_resume;
     ho.init = a->init;
     ho.http = a->http;
     outer::Head head(cfg, ho, std::move(server));

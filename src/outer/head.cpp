@@ -42,7 +42,7 @@ struct Member {
   double tokens_per_s = 0;                 // from its heartbeats
   double bytes_up = 0, bytes_down = 0;
   double compute_s = 0;                    // inner compute of its last contribution
-  std::string address;                     // IP address of its last message, as the head sees it
+  std::string address;                     // IP address of its last HELLO, as the head sees it
   std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
 };
 
@@ -120,9 +120,14 @@ struct Head::Impl {
       spdlog::info("warm start from {}", opts.init);
     }
     theta_true = pub.clone();
-    if (opts.resume) {
+    const auto old = common::latest_checkpoint(ckpt_root());
+    if (opts.auto_resume) {
+      spdlog::info("auto-resume: {}", old ? "continuing from " + *old
+                                          : "no checkpoint under " + ckpt_root() + ", starting the run");
+    }
+    if (opts.resume || (opts.auto_resume && old)) {
       resume();
-    } else if (auto old = common::latest_checkpoint(ckpt_root())) {
+    } else if (old) {
       throw common::ConfigError(fmt::format(
           "run directory {} already holds checkpoint {}: pass --resume to continue it, or choose "
           "another run.name (nothing was changed)", opts.run_dir, *old));

@@ -16,6 +16,7 @@ namespace xloco::outer {
 struct HeadOptions {
   std::string run_dir;                // runs/NAME
   bool resume = false;                // continue from run_dir/ckpt/latest
+  bool auto_resume = false;           // resume if run_dir has a checkpoint, else start the run
   std::string init;                   // warm start θ from this checkpoint (model.safetensors)
   std::string summary_file;           // where the end-of-run summary JSON goes ("" = run_dir/summary.json)
   std::string http;                   // HOST:PORT of the status endpoint ("" = none)
