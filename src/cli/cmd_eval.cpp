@@ -28,7 +28,7 @@ void add_eval_command(CLI::App& app) {
     const auto e = trainer.evaluate(*data);
     fmt::print("eval loss {:.4f}{} over {} {} (step {})\n", e.loss,
                e.accuracy ? fmt::format(" | accuracy {:.2f}%", 100 * *e.accuracy) : "", e.count,
-               loaded.config.model.kind == "gpt" ? "bytes" : "images", loaded.step);
+               loaded.config.model.kind == common::ModelKind::kGpt ? "bytes" : "images", loaded.step);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "common/alloc.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/safetensors.h"
@@ -48,6 +49,7 @@ void add_head_command(CLI::App& app) {
       ->envname("XLOCO_HTTP");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
+    common::set_alloc_policy(common::AllocPolicy::kHead);
     // Under xloco local the head shares the cores with every rank: its BLAS threads must not
     // spin against theirs (XLOCO_RANKS_ON_HOST counts the ranks on this machine).
     inner::configure_threads(cfg.run, ranks_on_host(1));

@@ -4,12 +4,13 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
@@ -18,6 +19,7 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "net/keys.h"
+#include "outer/documents.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;
@@ -27,9 +29,28 @@ namespace {
 struct LocalArgs {
   std::string config, init;
   std::vector<std::string> overrides;
+  std::vector<int> start_order;  // provider indices in the order they start; empty: 0..K-1
   int providers = 0, nproc = 1;
   bool insecure = false, resume = false;
 };
+
+// The order the providers start in: --start-order (a permutation of 0..K-1, each started half
+// a second after the one before, so that they connect in that order) or 0..K-1 at once.
+std::vector<int> start_order(const LocalArgs& a, int providers) {
+  if (a.start_order.empty()) {
+    std::vector<int> order(static_cast<size_t>(providers));
+    for (int i = 0; i < providers; ++i) order[static_cast<size_t>(i)] = i;
+    return order;
+  }
+  std::vector<int> sorted = a.start_order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < providers; ++i) {
+    XLOCO_ENFORCE(sorted.size() == static_cast<size_t>(providers) && sorted[static_cast<size_t>(i)] == i,
+                  common::ConfigError, "local: --start-order {} is not a permutation of 0..{}",
+                  fmt::join(a.start_order, ","), providers - 1);
+  }
+  return a.start_order;
+}
 
 std::vector<std::string> with_overrides(std::vector<std::string> argv, const LocalArgs& a) {
   argv.insert(argv.end(), {"--config", a.config});
@@ -51,10 +72,11 @@ std::string wait_for_endpoint(const fs::path& file, pid_t head) {
 }
 
 void print_summary(const fs::path& run_dir, double wall) {
-  std::ifstream in(run_dir / "summary.json");
-  const auto s = nlohmann::json::parse(in, nullptr, false);
-  if (s.is_discarded()) {
-    fmt::print("no summary written (see the logs above)\n");
+  outer::RunSummary s;
+  try {
+    s = outer::read_document<outer::RunSummary>((run_dir / "summary.json").string());
+  } catch (const common::IoError& e) {
+    fmt::print("no summary written (see the logs above): {}\n", e.what());
     return;
   }
   fmt::print(
@@ -65,9 +87,8 @@ void print_summary(const fs::path& run_dir, double wall) {
       "vs fp32 data parallel {:.5f}x the bytes ({:.0f}x fewer)\n"
       "wall time            {}\n"
       "checkpoint           {}\n",
-      run_dir.string(), s.value("final_eval_loss", 0.0), s.value("rounds", 0),
-      common::human_bytes(s.value("bytes_up", 0.0)), common::human_bytes(s.value("bytes_down", 0.0)),
-      s.value("bytes_vs_fp32_dp", 0.0), 1.0 / std::max(1e-12, s.value("bytes_vs_fp32_dp", 1.0)),
+      run_dir.string(), s.final_eval_loss, s.rounds, common::human_bytes(s.bytes_up),
+      common::human_bytes(s.bytes_down), s.bytes_vs_fp32_dp, 1.0 / std::max(1e-12, s.bytes_vs_fp32_dp),
       common::human_duration(wall), (run_dir / "ckpt").string());
 }
 
@@ -110,10 +131,14 @@ int run_local(const LocalArgs& in) {
   labels.push_back("head");
   try {
     const std::string endpoint = wait_for_endpoint(run_dir / "head.endpoint", pids[0]);
-    for (int i = 0; i < K; ++i) {
+    for (const int i : start_order(a, K)) {
+      if (!a.start_order.empty() && pids.size() > 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
       const std::string name = fmt::format("provider-{}", i);
       auto argv = with_overrides({exe, "worker"}, a);
-      argv.insert(argv.end(), {"--head", endpoint, "--name", name, "--nproc", std::to_string(a.nproc)});
+      argv.insert(argv.end(), {"--head", endpoint, "--name", name, "--nproc", std::to_string(a.nproc),
+                               "--shard", std::to_string(i)});
       if (a.insecure) {
         argv.push_back("--insecure");
       } else {
@@ -169,6 +194,10 @@ void add_local_command(CLI::App& app) {
   cmd->add_option("--nproc", a->nproc, "ranks per provider")->check(CLI::Range(1, 64));
   cmd->add_flag("--insecure", a->insecure, "plaintext links (default: CURVE with generated keys)");
   cmd->add_flag("--resume", a->resume, "the head continues from the run's latest checkpoint");
+  cmd->add_option("--start-order", a->start_order,
+                  "start the providers in this order, half a second apart, e.g. 3,2,1,0 (the "
+                  "run's result does not depend on it: a reproducibility check)")
+      ->delimiter(',');
   cmd->add_option("--init", a->init, "warm start θ from a checkpoint directory (see `xloco head --init`)")
       ->check(CLI::ExistingDirectory);
   cmd->callback([a]() {

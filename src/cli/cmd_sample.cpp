@@ -28,9 +28,9 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
   cmd->callback([a]() {
     auto loaded = inner::load_model_checkpoint(a->checkpoint, a->device);
-    XLOCO_ENFORCE(loaded.config.model.kind == "gpt", common::ConfigError,
+    XLOCO_ENFORCE(loaded.config.model.kind == common::ModelKind::kGpt, common::ConfigError,
                   "{} holds a {} model; sample needs a gpt", a->checkpoint,
-                  loaded.config.model.kind);
+                  common::to_string(loaded.config.model.kind));
     inner::configure_threads(loaded.config.run, 1);
     const auto text = inner::generate(*loaded.model, a->prompt, a->tokens, a->temperature,
                                       a->top_k, a->seed);

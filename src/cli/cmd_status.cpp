@@ -43,7 +43,9 @@ void add_status_command(CLI::App& app) {
       std::cout << body;
       return;
     }
-    std::cout << outer::status_table(nlohmann::json::parse(body));
+    const auto doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+    XLOCO_ENFORCE(doc.is_object(), common::IoError, "status: {}/status did not answer JSON", url);
+    std::cout << outer::status_table(doc.get<outer::HeadStatus>());
   });
 }
 

@@ -50,7 +50,7 @@ int run_rank(const TrainArgs& a, const common::Config& cfg) {
   auto data = inner::make_dataset(cfg, {0, 1});
   inner::Group group(dist);
   inner::InnerTrainer trainer(cfg, inner::make_model(cfg), group, device);
-  spdlog::info("{} | {} params | {} | {} rank(s) x {} intra-op x {} OpenBLAS thread(s) on {}", cfg.model.kind,
+  spdlog::info("{} | {} params | {} | {} rank(s) x {} intra-op x {} OpenBLAS thread(s) on {}", common::to_string(cfg.model.kind),
                inner::count_parameters(trainer.model()), data->describe(), dist.world,
                threads.intra_op, threads.blas, device.str());
 

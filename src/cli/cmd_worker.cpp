@@ -23,6 +23,7 @@ void add_worker_command(CLI::App& app) {
     std::string config, head, head_pub, key, name;
     std::vector<std::string> overrides;
     int nproc = 1;
+    int64_t shard = -1;
     bool insecure = false;
   };
   auto a = std::make_shared<Args>();
@@ -34,6 +35,11 @@ void add_worker_command(CLI::App& app) {
   cmd->add_option("--key", a->key, "this provider's secret key: a file (xloco keygen) or its Z85 text")->envname("XLOCO_KEY");
   cmd->add_option("--name", a->name, "provider name for logs (default: the key file's stem)")->envname("XLOCO_NAME");
   cmd->add_option("--nproc", a->nproc, "rank processes (a Gloo group) on this machine")->check(CLI::Range(1, 256))->envname("XLOCO_NPROC");
+  cmd->add_option("--shard", a->shard,
+                  "the data shard to train on, 0..outer.providers-1 (default: any free one); pin "
+                  "it so that the run does not depend on the order providers connect in")
+      ->check(CLI::Range(int64_t{-1}, int64_t{65535}))
+      ->envname("XLOCO_SHARD");
   cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated link (loopback experiments only)")->envname("XLOCO_INSECURE");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
@@ -72,6 +78,7 @@ void add_worker_command(CLI::App& app) {
     outer::ProviderOptions po;
     po.name = name;
     po.run_dir = (run_dir / "providers" / name).string();
+    po.shard = a->shard;
     const int rc = outer::run_provider(cfg, po, group, std::move(link));
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

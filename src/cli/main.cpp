@@ -1,11 +1,10 @@
 // xloco: one binary, one sub-command per role (design §1).
-#include <malloc.h>
-
 #include <cstdio>
 
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "common/alloc.h"
 #include "common/error.h"
 
 namespace xloco::cli {
@@ -18,11 +17,8 @@ void set_argv_for_main(int argc, char** argv) { g_argv.assign(argv, argv + argc)
 
 int main(int argc, char** argv) {
   xloco::cli::set_argv_for_main(argc, argv);
-  // LibTorch frees and re-allocates the same activation-sized buffers every step. By default
-  // glibc serves those with mmap and returns them with munmap, so every step page-faults its
-  // activations back in (14 % of a tiny-GPT step in perf). Keep them in the heap instead.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // Every command trains or evaluates unless it says otherwise (`xloco head` does).
+  xloco::common::set_alloc_policy(xloco::common::AllocPolicy::kTrainer);
   spdlog::set_pattern("%H:%M:%S %^%l%$ %v");
   CLI::App app{"xloco — DiLoCo training across GPU providers joined by slow, untrusted links"};
   app.require_subcommand(1);

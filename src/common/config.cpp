@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -20,6 +21,19 @@ struct Range {
 };
 using Choices = std::vector<std::string>;
 struct Flag {};
+struct Named {};  // an enum field: its names come from kNames<E>
+
+// Every enum's names, in enum order: the one place they are spelled.
+template <class E> constexpr std::array<const char*, 0> kNames{};
+template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist"};
+template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet"};
+template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn"};
+template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4"};
+
+template <class E>
+const char* name_of(E e) {
+  return kNames<E>.at(static_cast<size_t>(e));
+}
 
 // Every config field, once: name, reference, allowed values. parse/dump/unknown-key checks all
 // walk this table, so a new field is one line here plus one in config.h.
@@ -31,12 +45,12 @@ void visit_fields(Config& c, Visitor&& v) {
   v("run.device", c.run.device, Choices{});
   v("run.threads", c.run.threads, Range{0, 1024});
   v("run.blas_threads", c.run.blas_threads, Range{0, 1024});
-  v("data.dataset", c.data.dataset, Choices{"kjv", "fmnist"});
-  v("data.sharding", c.data.sharding, Choices{"iid", "books", "dirichlet"});
+  v("data.dataset", c.data.dataset, Named{});
+  v("data.sharding", c.data.sharding, Named{});
   v("data.dirichlet_alpha", c.data.dirichlet_alpha, Range{1e-3, 1e6});
   v("data.path", c.data.path, Choices{});
   v("data.cache_dir", c.data.cache_dir, Choices{});
-  v("model.kind", c.model.kind, Choices{"gpt", "cnn"});
+  v("model.kind", c.model.kind, Named{});
   v("model.d_model", c.model.d_model, Range{8, 65536});
   v("model.n_layer", c.model.n_layer, Range{1, 1024});
   v("model.n_head", c.model.n_head, Range{1, 1024});
@@ -60,8 +74,8 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.lr", c.outer.lr, Range{0, 100});
   v("outer.momentum", c.outer.momentum, Range{0, 0.999999});
   v("outer.nesterov", c.outer.nesterov, Flag{});
-  v("outer.codec_up", c.outer.codec_up, Choices{"fp32", "bf16", "int8", "int4"});
-  v("outer.codec_down", c.outer.codec_down, Choices{"fp32", "bf16", "int8", "int4"});
+  v("outer.codec_up", c.outer.codec_up, Named{});
+  v("outer.codec_down", c.outer.codec_down, Named{});
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
   v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
   v("outer.providers", c.outer.providers, Range{1, 4096});
@@ -107,6 +121,20 @@ void set_field(const std::string& key, const json& v, std::string& out, const Ch
   }
 }
 
+template <class E>
+void set_field(const std::string& key, const json& v, E& out, const Named&) {
+  XLOCO_ENFORCE(v.is_string(), ConfigError, "config: {} must be a string, got {}", key, v.dump());
+  const auto& names = kNames<E>;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (v.get<std::string>() == names[i]) {
+      out = static_cast<E>(i);
+      return;
+    }
+  }
+  throw ConfigError(fmt::format("config: {} is {}; allowed: {}", key, v.dump(),
+                                fmt::join(names, ", ")));
+}
+
 void set_field(const std::string& key, const json& v, bool& out, const Flag&) {
   XLOCO_ENFORCE(v.is_boolean(), ConfigError, "config: {} must be true or false, got {}", key,
                 v.dump());
@@ -144,18 +172,19 @@ void validate(const Config& c) {
   const auto& m = c.model;
   XLOCO_ENFORCE(m.d_model % m.n_head == 0, ConfigError,
                 "config: model.n_head = {} must divide model.d_model = {}", m.n_head, m.d_model);
-  if (c.data.dataset == "kjv") {
-    XLOCO_ENFORCE(m.kind == "gpt", ConfigError,
-                  "config: data.dataset = kjv needs model.kind = gpt, got {}", m.kind);
-    XLOCO_ENFORCE(c.data.sharding == "iid" || c.data.sharding == "books", ConfigError,
-                  "config: data.sharding = {} is not valid for kjv; allowed: iid, books",
-                  c.data.sharding);
+  if (c.data.dataset == DatasetKind::kKjv) {
+    XLOCO_ENFORCE(m.kind == ModelKind::kGpt, ConfigError,
+                  "config: data.dataset = kjv needs model.kind = gpt, got {}", to_string(m.kind));
+    XLOCO_ENFORCE(c.data.sharding == Sharding::kIid || c.data.sharding == Sharding::kBooks,
+                  ConfigError, "config: data.sharding = {} is not valid for kjv; allowed: iid, books",
+                  to_string(c.data.sharding));
   } else {
-    XLOCO_ENFORCE(m.kind == "cnn", ConfigError,
-                  "config: data.dataset = fmnist needs model.kind = cnn, got {}", m.kind);
-    XLOCO_ENFORCE(c.data.sharding == "iid" || c.data.sharding == "dirichlet", ConfigError,
+    XLOCO_ENFORCE(m.kind == ModelKind::kCnn, ConfigError,
+                  "config: data.dataset = fmnist needs model.kind = cnn, got {}", to_string(m.kind));
+    XLOCO_ENFORCE(c.data.sharding == Sharding::kIid || c.data.sharding == Sharding::kDirichlet,
+                  ConfigError,
                   "config: data.sharding = {} is not valid for fmnist; allowed: iid, dirichlet",
-                  c.data.sharding);
+                  to_string(c.data.sharding));
   }
   XLOCO_ENFORCE(c.inner.min_lr <= c.inner.lr, ConfigError,
                 "config: inner.min_lr = {:g} must not exceed inner.lr = {:g}", c.inner.min_lr,
@@ -169,7 +198,7 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.dead_after_s >= 2 * c.outer.heartbeat_s, ConfigError,
                 "config: outer.dead_after_s = {:g} must be at least twice outer.heartbeat_s = {:g}",
                 c.outer.dead_after_s, c.outer.heartbeat_s);
-  XLOCO_ENFORCE(c.outer.codec_up != "int4" || c.outer.block_size % 2 == 0, ConfigError,
+  XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kInt4 || c.outer.block_size % 2 == 0, ConfigError,
                 "config: outer.block_size = {} must be even for int4", c.outer.block_size);
   XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
                 "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
@@ -248,12 +277,21 @@ json to_json(const Config& c_in) {
     std::vector<std::string> parts;
     while (std::getline(ss, part, '.')) parts.push_back(part);
     for (size_t i = 0; i + 1 < parts.size(); ++i) cur = &(*cur)[parts[i]];
-    (*cur)[parts.back()] = field;
+    if constexpr (std::is_enum_v<std::decay_t<decltype(field)>>) {
+      (*cur)[parts.back()] = name_of(field);
+    } else {
+      (*cur)[parts.back()] = field;
+    }
   });
   return j;
 }
 
 std::string to_json_string(const Config& c) { return to_json(c).dump(2); }
+
+const char* to_string(DatasetKind kind) { return name_of(kind); }
+const char* to_string(Sharding sharding) { return name_of(sharding); }
+const char* to_string(ModelKind kind) { return name_of(kind); }
+const char* to_string(CodecKind kind) { return name_of(kind); }
 
 int total_rounds(const Config& c) {
   return (c.inner.steps + c.outer.inner_steps - 1) / c.outer.inner_steps;

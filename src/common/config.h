@@ -11,6 +11,17 @@
 
 namespace xloco::common {
 
+// The kinds a config chooses between, parsed from their names once at load; to_string gives
+// the name back (as written in JSON configs and in config.json).
+enum class DatasetKind { kKjv, kFmnist };
+enum class Sharding { kIid, kBooks, kDirichlet };
+enum class ModelKind { kGpt, kCnn };
+enum class CodecKind { kFp32, kBf16, kInt8, kInt4 };
+const char* to_string(DatasetKind kind);
+const char* to_string(Sharding sharding);
+const char* to_string(ModelKind kind);
+const char* to_string(CodecKind kind);
+
 struct RunConfig {
   std::string name = "run";    // run directory name under dir
   std::string dir = "runs";    // parent of run directories
@@ -21,15 +32,15 @@ struct RunConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "kjv";   // kjv | fmnist
-  std::string sharding = "iid";  // kjv: iid | books; fmnist: iid | dirichlet
+  DatasetKind dataset = DatasetKind::kKjv;  // kjv | fmnist
+  Sharding sharding = Sharding::kIid;       // kjv: iid | books; fmnist: iid | dirichlet
   double dirichlet_alpha = 0.5;  // label skew for fmnist dirichlet sharding
   std::string path = "";         // fmnist: IDX folder; kjv: text file ("" = from `bible`)
   std::string cache_dir = "";    // where the KJV text is cached ("" = $XDG_CACHE_HOME/xloco)
 };
 
 struct ModelConfig {
-  std::string kind = "gpt";  // gpt | cnn
+  ModelKind kind = ModelKind::kGpt;  // gpt | cnn
   int d_model = 128;         // gpt embedding width
   int n_layer = 4;           // gpt blocks
   int n_head = 4;            // gpt attention heads (divides d_model)
@@ -59,8 +70,8 @@ struct OuterConfig {
   double lr = 0.7;               // outer SGD learning rate
   double momentum = 0.9;         // outer momentum
   bool nesterov = true;          // Nesterov momentum (DiLoCo)
-  std::string codec_up = "int8";    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4
-  std::string codec_down = "int8";  // head -> provider update
+  CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4
+  CodecKind codec_down = CodecKind::kInt8;  // head -> provider update
   int block_size = 256;          // quantization block (int8, int4)
   int zstd_level = 1;            // 0 = store raw
   int providers = 1;             // K: providers the head waits for before round 1 (and shards)

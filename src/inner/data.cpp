@@ -95,7 +95,7 @@ std::vector<int64_t> kjv_val_blocks(int64_t n_bytes) {
   return out;
 }
 
-std::vector<int64_t> kjv_train_blocks(int64_t n_bytes, Shard shard, const std::string& sharding) {
+std::vector<int64_t> kjv_train_blocks(int64_t n_bytes, Shard shard, common::Sharding sharding) {
   std::vector<int64_t> train;
   const int64_t blocks = (n_bytes + kKjvBlock - 1) / kKjvBlock;
   for (int64_t j = 0; j < blocks; ++j) {
@@ -104,7 +104,7 @@ std::vector<int64_t> kjv_train_blocks(int64_t n_bytes, Shard shard, const std::s
   std::vector<int64_t> out;
   const int64_t n = static_cast<int64_t>(train.size());
   for (int64_t t = 0; t < n; ++t) {
-    const bool mine = sharding == "books" ? (t * shard.count / n) == shard.index
+    const bool mine = sharding == common::Sharding::kBooks ? (t * shard.count / n) == shard.index
                                           : t % shard.count == shard.index;
     if (mine) out.push_back(train[t]);
   }
@@ -170,7 +170,7 @@ class KjvDataset : public Dataset {
 
   std::string describe() const override {
     return fmt::format("kjv shard {}/{} ({}): {} train bytes, {} validation bytes",
-                       shard_.index, shard_.count, config_.data.sharding, train_.size(0),
+                       shard_.index, shard_.count, common::to_string(config_.data.sharding), train_.size(0),
                        val_.size(0));
   }
 
@@ -250,7 +250,7 @@ class FmnistDataset : public Dataset {
 
   std::string describe() const override {
     return fmt::format("fmnist shard {}/{} ({}): {} train images, {} test images", shard_.index,
-                       shard_.count, config_.data.sharding, train_x_.size(0), val_x_.size(0));
+                       shard_.count, common::to_string(config_.data.sharding), train_x_.size(0), val_x_.size(0));
   }
 
  private:
@@ -317,11 +317,11 @@ Idx read_idx(const std::string& path) {
 }
 
 std::vector<int64_t> fmnist_shard(const std::vector<uint8_t>& labels, Shard shard,
-                                  const std::string& sharding, double alpha, uint64_t seed) {
+                                  common::Sharding sharding, double alpha, uint64_t seed) {
   const auto n = static_cast<int64_t>(labels.size());
   std::vector<int64_t> out;
   std::mt19937_64 rng(mix_seed(seed, 0x73686172));  // the same on every provider
-  if (sharding != "dirichlet") {
+  if (sharding != common::Sharding::kDirichlet) {
     std::vector<int64_t> perm(static_cast<size_t>(n));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -353,7 +353,7 @@ std::vector<int64_t> fmnist_shard(const std::vector<uint8_t>& labels, Shard shar
 }
 
 std::unique_ptr<Dataset> make_dataset(const common::Config& config, Shard shard) {
-  if (config.data.dataset == "kjv") return std::make_unique<KjvDataset>(config, shard);
+  if (config.data.dataset == common::DatasetKind::kKjv) return std::make_unique<KjvDataset>(config, shard);
   return std::make_unique<FmnistDataset>(config, shard);
 }
 

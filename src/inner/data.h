@@ -46,7 +46,7 @@ std::string load_kjv_text(const common::DataConfig& data);
 std::string strip_verse_references(const std::string& raw);
 // Indices of the 64 KiB blocks of an n-byte stream that go to `shard` (validation blocks,
 // j % 20 == 19, never do): `iid` deals training blocks round-robin, `books` in contiguous runs.
-std::vector<int64_t> kjv_train_blocks(int64_t n_bytes, Shard shard, const std::string& sharding);
+std::vector<int64_t> kjv_train_blocks(int64_t n_bytes, Shard shard, common::Sharding sharding);
 std::vector<int64_t> kjv_val_blocks(int64_t n_bytes);
 
 struct Idx {
@@ -58,7 +58,7 @@ Idx read_idx(const std::string& path);
 // Sample indices of `labels` that go to `shard`: iid (seeded permutation) or dirichlet(alpha)
 // label skew. Disjoint across shards and deterministic in seed.
 std::vector<int64_t> fmnist_shard(const std::vector<uint8_t>& labels, Shard shard,
-                                  const std::string& sharding, double alpha, uint64_t seed);
+                                  common::Sharding sharding, double alpha, uint64_t seed);
 std::string default_fmnist_dir();
 
 // A 64-bit seed mixing its parts (splitmix64), for per-(seed, provider, step) generators.

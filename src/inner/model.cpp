@@ -146,7 +146,7 @@ class Cnn : public Net {
 
 std::shared_ptr<Net> make_model(const common::Config& config) {
   torch::manual_seed(config.run.seed);
-  if (config.model.kind == "gpt") return std::make_shared<Gpt>(config.model);
+  if (config.model.kind == common::ModelKind::kGpt) return std::make_shared<Gpt>(config.model);
   return std::make_shared<Cnn>();
 }
 

@@ -1,12 +1,11 @@
 #include "inner/trainer.h"
 
-#include <malloc.h>
-
 #include <cmath>
 #include <cstring>
 
 #include <torch/torch.h>
 
+#include "common/alloc.h"
 #include "common/error.h"
 #include "common/metrics.h"
 
@@ -60,37 +59,35 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
     : config_(config), model_(std::move(model)), group_(group), device_(device) {
   model_->to(device_);
   auto named = model_->named_parameters();
-  int64_t offset = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (const auto& p : named) {
       const bool decayed = p.value().dim() >= 2;
       if (decayed != (pass == 0)) continue;
-      slots_.push_back({p.key(), p.value().sizes().vec(), offset, p.value().numel()});
-      offset += p.value().numel();
+      layout_.append(p.key(), p.value().sizes().vec());
     }
-    if (pass == 0) decay_numel_ = offset;
+    if (pass == 0) decay_numel_ = layout_.numel;
   }
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
-  params_ = torch::empty({offset}, opts);
+  params_ = torch::empty({layout_.numel}, opts);
   torch::NoGradGuard guard;
-  for (const auto& s : slots_) {
+  for (const auto& s : layout_.slots) {
     auto& p = named[s.name];
     auto view = params_.narrow(0, s.offset, s.numel).view(s.shape);
     view.copy_(p);
     p.set_data(view);
   }
   // The module's original parameter tensors were just freed. They came from the heap (each is
-  // under glibc's mmap threshold), and main() keeps freed heap memory resident for speed, so
-  // give this one-off model-sized block back now: otherwise it counts as a 1x-model RSS
-  // overhead for the life of the process.
-  ::malloc_trim(0);
+  // under glibc's mmap threshold), and the trainer's allocator policy keeps freed heap memory
+  // resident for speed, so give this one-off model-sized block back now: otherwise it counts
+  // as a 1x-model RSS overhead for the life of the process.
+  common::release_free_memory();
 }
 
 void InnerTrainer::ensure_training_buffers() {
   if (grads_.defined()) return;
   grads_ = torch::zeros({params_.numel() + 2}, params_.options());
   auto named = model_->named_parameters();
-  for (const auto& s : slots_) {
+  for (const auto& s : layout_.slots) {
     named[s.name].mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
   }
   if (!exp_avg_.defined()) reset_optimizer();
@@ -172,7 +169,7 @@ EvalStats InnerTrainer::evaluate(const Dataset& data, const std::function<void()
   torch::NoGradGuard guard;
   model_->eval();
   double sum = 0, correct = 0, count = 0;
-  const bool classify = config_.model.kind == "cnn";
+  const bool classify = config_.model.kind == common::ModelKind::kCnn;
   for (const auto& b : data.eval_batches(group_.rank(), group_.world())) {
     auto x = b.x.to(device_), y = b.y.to(device_);
     auto logits = model_->logits(x);
@@ -214,7 +211,7 @@ std::vector<common::TensorBlob> InnerTrainer::optimizer_blobs() const {
 
 void InnerTrainer::load_model(const common::SafetensorsFile& file) {
   torch::NoGradGuard guard;
-  for (const auto& s : slots_) {
+  for (const auto& s : layout_.slots) {
     const auto* blob = file.find(s.name);
     XLOCO_ENFORCE(blob != nullptr, common::IoError, "checkpoint lacks tensor {}", s.name);
     XLOCO_ENFORCE(blob->shape == s.shape && blob->dtype == "F32", common::IoError,

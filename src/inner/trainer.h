@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include "common/config.h"
+#include "common/layout.h"
 #include "common/safetensors.h"
 #include "inner/data.h"
 #include "inner/dist.h"
@@ -49,13 +50,8 @@ class InnerTrainer {
   EvalStats evaluate(const Dataset& data, const std::function<void()>& between_batches = {});
   double lr_at(int64_t step) const;
 
-  struct Slot {
-    std::string name;
-    std::vector<int64_t> shape;
-    int64_t offset, numel;
-  };
   // Where each parameter lives in params(): >=2-D weights first, then the rest.
-  const std::vector<Slot>& slots() const { return slots_; }
+  const common::FlatLayout& layout() const { return layout_; }
 
   Net& model() { return *model_; }
   torch::Tensor& params() { return params_; }  // flat fp32, every parameter a view into it
@@ -79,7 +75,7 @@ class InnerTrainer {
   torch::Device device_;
   void ensure_training_buffers();
 
-  std::vector<Slot> slots_;
+  common::FlatLayout layout_;
   int64_t decay_numel_ = 0;
   torch::Tensor params_, grads_;  // grads_ ends with two extra slots: loss, stop request
   torch::Tensor exp_avg_, exp_avg_sq_;  // allocated at the first step (the head never trains)

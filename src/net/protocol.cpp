@@ -16,6 +16,11 @@ using nlohmann::json;
 constexpr std::array<const char*, std::variant_size_v<Body>> kTypeNames = {
     "HELLO", "WELCOME", "HEARTBEAT", "ROUND_START", "CONTRIBUTION", "UPDATE", "BYE", "ERROR"};
 
+// Same order as RefusalCode.
+constexpr std::array<const char*, 9> kRefusalNames = {
+    "malformed", "config_hash", "full", "bad_shard", "rejoin", "future_round", "bad_frame",
+    "bad_tokens", "unexpected"};
+
 [[noreturn]] void fail(ProtocolErrorKind kind, const std::string& what) {
   throw ProtocolError(kind, fmt::format("protocol error ({}): {}", to_string(kind), what));
 }
@@ -60,6 +65,7 @@ void write(const Hello& m, json& h, Message&) {
   h["config_hash"] = m.config_hash;
   h["tokens"] = m.tokens;
   h["theta_pub_hash"] = m.theta_pub_hash;
+  h["shard"] = m.shard;
 }
 void write(const Welcome& m, json& h, Message& frames) {
   h["shard_index"] = m.shard_index;
@@ -79,7 +85,7 @@ void write(const Contribution& m, json& h, Message& frames) {
 void write(const Update& m, json&, Message& frames) { frames.push_back(m.payload); }
 void write(const Bye& m, json& h, Message&) { h["reason"] = m.reason; }
 void write(const ErrorReply& m, json& h, Message&) {
-  h["code"] = m.code;
+  h["code"] = to_string(m.code);
   h["reason"] = m.reason;
 }
 
@@ -96,6 +102,13 @@ Hello read(const json& h, const Message&, Hello*) {
     fail(ProtocolErrorKind::kBadField,
          fmt::format("\"theta_pub_hash\" of {} bytes is not a hash", m.theta_pub_hash.size()));
   }
+  const json& shard = field(h, "shard");
+  if (!shard.is_number_integer() || shard.get<std::int64_t>() < -1 ||
+      shard.get<std::int64_t>() >= 65536) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("\"shard\" must be -1 (any) or a shard index below 65536, got {}", shard.dump()));
+  }
+  m.shard = shard.get<std::int64_t>();
   return m;
 }
 Welcome read(const json& h, const Message& frames, Welcome*) {
@@ -125,7 +138,10 @@ Contribution read(const json& h, const Message& frames, Contribution*) {
 Update read(const json&, const Message& frames, Update*) { return {frames[1]}; }
 Bye read(const json& h, const Message&, Bye*) { return {string_field(h, "reason")}; }
 ErrorReply read(const json& h, const Message&, ErrorReply*) {
-  return {string_field(h, "code"), string_field(h, "reason")};
+  const std::string code = string_field(h, "code");
+  const auto parsed = parse_refusal_code(code);
+  if (!parsed) fail(ProtocolErrorKind::kBadField, fmt::format("\"code\" {} names no refusal", json(code).dump()));
+  return {*parsed, string_field(h, "reason")};
 }
 
 template <std::size_t I>
@@ -166,6 +182,17 @@ const char* to_string(MessageType type) {
 std::optional<MessageType> parse_message_type(std::string_view name) {
   for (std::size_t i = 0; i < kTypeNames.size(); ++i) {
     if (name == kTypeNames[i]) return static_cast<MessageType>(i);
+  }
+  return std::nullopt;
+}
+
+const char* to_string(RefusalCode code) {
+  return kRefusalNames.at(static_cast<std::size_t>(code));
+}
+
+std::optional<RefusalCode> parse_refusal_code(std::string_view name) {
+  for (std::size_t i = 0; i < kRefusalNames.size(); ++i) {
+    if (name == kRefusalNames[i]) return static_cast<RefusalCode>(i);
   }
   return std::nullopt;
 }

@@ -44,6 +44,28 @@ enum class ProtocolErrorKind {
 
 const char* to_string(ProtocolErrorKind kind);
 
+// Why a peer refused a message: the "code" of an ERROR, and the only place a refusal code is
+// spelled. Peers act on the code (a provider rejoins on kRejoin and gives up on kConfigHash,
+// kFull and kBadShard); the reason is for humans.
+enum class RefusalCode {
+  kMalformed,    // the message failed decode(); the reason names its ProtocolErrorKind
+  kConfigHash,   // HELLO with a config hash other than the run's
+  kFull,         // HELLO when every data shard is taken
+  kBadShard,     // HELLO asking for a data shard the run does not have
+  kRejoin,       // a member's message from a non-member (never joined, dead, head restarted)
+  kFutureRound,  // CONTRIBUTION for a round that has not started
+  kBadFrame,     // CONTRIBUTION whose codec frame does not decode into the run's model
+  kBadTokens,    // CONTRIBUTION claiming no tokens
+  kUnexpected,   // a message type this end never receives
+};
+const char* to_string(RefusalCode code);  // the wire name: "config_hash", "rejoin", …
+std::optional<RefusalCode> parse_refusal_code(std::string_view name);
+// Refusals a provider cannot recover from by waiting or rejoining.
+inline bool is_fatal(RefusalCode code) {
+  return code == RefusalCode::kConfigHash || code == RefusalCode::kFull ||
+         code == RefusalCode::kBadShard;
+}
+
 class ProtocolError : public NetError {
  public:
   ProtocolError(ProtocolErrorKind kind, const std::string& what) : NetError(what), kind_(kind) {}
@@ -60,6 +82,8 @@ struct Hello {  // provider → head, on connect and after every reconnect
   std::uint64_t tokens = 0; // tokens processed so far (0 for a fresh provider)
   std::string theta_pub_hash;  // BLAKE2b of the θ_pub it holds ("" for none): a provider that
                                // is current needs no state, one round behind only the update
+  std::int64_t shard = -1;     // the data shard it asks for (-1: any free one); pinned shards
+                               // make a run independent of the order providers connect in
 };
 struct Welcome {  // head → provider: admission, with the full published state
   Frame state;                    // one binary frame: θ_pub, fp32; empty when the provider's
@@ -84,7 +108,7 @@ struct Bye {  // either way, before leaving on purpose
   std::string reason;
 };
 struct ErrorReply {  // either way: why the last message was refused
-  std::string code;    // machine-readable, e.g. a ProtocolErrorKind name
+  RefusalCode code = RefusalCode::kMalformed;
   std::string reason;  // for humans
 };
 

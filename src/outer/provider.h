@@ -4,6 +4,7 @@
 // The other ranks follow the leader through Gloo broadcasts and never touch the network.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,7 @@ namespace xloco::outer {
 struct ProviderOptions {
   std::string name;       // how logs and metrics name this provider
   std::string run_dir;    // runs/NAME/providers/NAME: metrics
+  int64_t shard = -1;     // the data shard to ask the head for (-1: any free one)
 };
 
 // Runs until the head says BYE (or a signal); returns the exit code. `transport` is null on

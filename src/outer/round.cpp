@@ -63,29 +63,4 @@ StartDecision decide_start(size_t live, const common::OuterConfig& config, bool 
                              live, need)};
 }
 
-const char* to_string(MemberState state) {
-  switch (state) {
-    case MemberState::kJoining: return "joining";
-    case MemberState::kActive: return "active";
-    case MemberState::kStraggling: return "straggling";
-    case MemberState::kDead: return "dead";
-    case MemberState::kLeft: return "left";
-  }
-  return "?";
-}
-
-bool is_silent(Clock::time_point now, Clock::time_point last_seen,
-               const common::OuterConfig& config) {
-  return std::chrono::duration<double>(now - last_seen).count() > config.dead_after_s;
-}
-
-SyncAction sync_for(const std::string& provider_hash, const std::string& current_hash,
-                    const std::string& previous_hash, bool have_last_update) {
-  if (!provider_hash.empty() && provider_hash == current_hash) return SyncAction::kNone;
-  if (!provider_hash.empty() && have_last_update && provider_hash == previous_hash) {
-    return SyncAction::kUpdate;
-  }
-  return SyncAction::kFullState;
-}
-
 }  // namespace xloco::outer

@@ -1,7 +1,7 @@
-// The round state machine's and the membership's decisions as pure functions of (now, state,
-// config) with an injected clock (torchft style): no sockets, no threads, testable on their
-// own. They return the decision and the reason, which the head logs and serves on /status. A
-// round that cannot close, or cannot start, is state, not an exception.
+// The round state machine's decisions as pure functions of (now, state, config) with an
+// injected clock (torchft style): no sockets, no threads, testable on their own. They return
+// the decision and the reason, which the head logs and serves on /status. A round that cannot
+// close, or cannot start, is state, not an exception. Membership's rules are in membership.h.
 #pragma once
 
 #include <chrono>
@@ -56,25 +56,5 @@ struct StartDecision {
 // rounds need outer.min_providers live ones.
 StartDecision decide_start(size_t live, const common::OuterConfig& config, bool first_round,
                            double waited_s = 0);
-
-// Membership (design §2): a provider is joining from its WELCOME until its first round,
-// active while it contributes, straggling after it missed a round's deadline (it is still
-// sent updates and rounds), dead when silent for outer.dead_after_s, and left after a BYE.
-enum class MemberState { kJoining, kActive, kStraggling, kDead, kLeft };
-const char* to_string(MemberState state);
-inline bool is_live(MemberState s) {
-  return s == MemberState::kJoining || s == MemberState::kActive || s == MemberState::kStraggling;
-}
-
-// Dead when nothing (heartbeat or any message) came from it for outer.dead_after_s.
-bool is_silent(Clock::time_point now, Clock::time_point last_seen,
-               const common::OuterConfig& config);
-
-// What a (re)joining provider needs, from the θ_pub hash it reports in HELLO: nothing when it
-// holds the head's θ_pub, the last update when it is exactly one round behind (and the head
-// still has that update), the full state otherwise (design §2).
-enum class SyncAction { kNone, kUpdate, kFullState };
-SyncAction sync_for(const std::string& provider_hash, const std::string& current_hash,
-                    const std::string& previous_hash, bool have_last_update);
 
 }  // namespace xloco::outer

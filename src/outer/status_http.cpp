@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -54,11 +55,6 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
-double num(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
-}
-
 }  // namespace
 
 struct StatusServer::Impl {
@@ -66,7 +62,7 @@ struct StatusServer::Impl {
   tcp::acceptor acceptor{ioc};
   std::thread thread;
   mutable std::mutex mu;
-  json status = json::object();
+  HeadStatus status;
   std::string host;
 
   void accept() {
@@ -90,7 +86,7 @@ struct StatusServer::Impl {
     res.set(http::field::server, "xloco");
     res.keep_alive(false);
     const std::string target(req.target());
-    json snapshot;
+    HeadStatus snapshot;
     {
       std::lock_guard<std::mutex> lock(mu);
       snapshot = status;
@@ -102,7 +98,7 @@ struct StatusServer::Impl {
     } else if (target == "/status" || target == "/") {
       res.result(http::status::ok);
       res.set(http::field::content_type, "application/json");
-      res.body() = snapshot.dump(2) + "\n";
+      res.body() = json(snapshot).dump(2) + "\n";
     } else if (target == "/metrics") {
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -144,7 +140,7 @@ StatusServer::~StatusServer() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-void StatusServer::publish(json status) {
+void StatusServer::publish(HeadStatus status) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->status = std::move(status);
 }
@@ -153,55 +149,56 @@ std::string StatusServer::url() const {
   return fmt::format("http://{}:{}", impl_->host, impl_->acceptor.local_endpoint().port());
 }
 
-std::string prometheus_text(const json& s) {
+std::string prometheus_text(const HeadStatus& s) {
   std::string out;
   const auto metric = [&](const char* name, const char* type, const char* help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   };
-  const std::string run = escape_label(s.value("run", ""));
+  const auto sample = [&](const char* name, double value) {
+    out += fmt::format("{}{{run=\"{}\"}} {}\n", name, escape_label(s.run), value);
+  };
   metric("xloco_rounds_completed", "gauge", "Outer rounds completed (committed) so far.");
-  out += fmt::format("xloco_rounds_completed{{run=\"{}\"}} {}\n", run, num(s, "round"));
+  sample("xloco_rounds_completed", static_cast<double>(s.round));
   metric("xloco_rounds_planned", "gauge", "Outer rounds the run will take in all.");
-  out += fmt::format("xloco_rounds_planned{{run=\"{}\"}} {}\n", run, num(s, "total_rounds"));
+  sample("xloco_rounds_planned", s.total_rounds);
   metric("xloco_paused", "gauge", "1 while the head waits for enough live providers.");
-  out += fmt::format("xloco_paused{{run=\"{}\"}} {}\n", run, s.value("state", "") == "paused" ? 1 : 0);
-  if (s.contains("eval_loss") && s["eval_loss"].is_number()) {
+  sample("xloco_paused", s.state == "paused" ? 1 : 0);
+  if (s.eval_loss) {
     metric("xloco_eval_loss", "gauge", "Validation loss of theta_pub at its last evaluation.");
-    out += fmt::format("xloco_eval_loss{{run=\"{}\"}} {}\n", run, num(s, "eval_loss"));
+    sample("xloco_eval_loss", *s.eval_loss);
   }
   metric("xloco_round_deadline_seconds", "gauge", "Deadline of the round in progress.");
-  out += fmt::format("xloco_round_deadline_seconds{{run=\"{}\"}} {}\n", run, num(s, "deadline_s"));
+  sample("xloco_round_deadline_seconds", s.deadline_s);
   metric("xloco_bytes_up_total", "counter", "Contribution bytes received by the head.");
-  out += fmt::format("xloco_bytes_up_total{{run=\"{}\"}} {}\n", run, num(s, "bytes_up"));
+  sample("xloco_bytes_up_total", s.bytes_up);
   metric("xloco_bytes_down_total", "counter", "Update and state bytes sent by the head.");
-  out += fmt::format("xloco_bytes_down_total{{run=\"{}\"}} {}\n", run, num(s, "bytes_down"));
+  sample("xloco_bytes_down_total", s.bytes_down);
   metric("xloco_late_contributions_total", "counter",
          "Contributions dropped because their round had closed.");
-  out += fmt::format("xloco_late_contributions_total{{run=\"{}\"}} {}\n", run,
-                     num(s, "late_contributions"));
-  const json providers = s.value("providers", json::array());
+  sample("xloco_late_contributions_total", static_cast<double>(s.late_contributions));
   metric("xloco_providers", "gauge", "Providers known to the head, by state.");
   for (const char* state : {"joining", "active", "straggling", "dead", "left"}) {
-    int n = 0;
-    for (const auto& p : providers) n += p.value("state", "") == state ? 1 : 0;
-    out += fmt::format("xloco_providers{{run=\"{}\",state=\"{}\"}} {}\n", run, state, n);
+    const auto n = std::count_if(s.providers.begin(), s.providers.end(),
+                                 [&](const ProviderStatus& p) { return p.state == state; });
+    out += fmt::format("xloco_providers{{run=\"{}\",state=\"{}\"}} {}\n", escape_label(s.run), state, n);
   }
   const auto per_provider = [&](const char* name, const char* type, const char* help,
-                                const char* key) {
-    if (providers.empty()) return;
+                                double (*value)(const ProviderStatus&)) {
+    if (s.providers.empty()) return;
     metric(name, type, help);
-    for (const auto& p : providers) {
-      out += fmt::format("{}{{run=\"{}\",provider=\"{}\"}} {}\n", name, run,
-                         escape_label(p.value("name", "")), num(p, key));
+    for (const auto& p : s.providers) {
+      out += fmt::format("{}{{run=\"{}\",provider=\"{}\"}} {}\n", name, escape_label(s.run),
+                         escape_label(p.name), value(p));
     }
   };
-  per_provider("xloco_provider_up", "gauge", "1 while the provider is live (joining, active or straggling).", "up");
-  per_provider("xloco_provider_last_round", "gauge", "Last round the provider contributed to.", "last_round");
-  per_provider("xloco_provider_tokens_per_second", "gauge", "The provider's recent inner throughput.", "tokens_per_s");
-  per_provider("xloco_provider_tokens_total", "counter", "Tokens in the provider's counted contributions.", "tokens");
-  per_provider("xloco_provider_bytes_up_total", "counter", "Contribution bytes from the provider.", "bytes_up");
-  per_provider("xloco_provider_bytes_down_total", "counter", "Bytes sent to the provider.", "bytes_down");
-  per_provider("xloco_provider_last_seen_seconds", "gauge", "Seconds since the provider was last heard from.", "last_seen_s");
+  using P = const ProviderStatus&;
+  per_provider("xloco_provider_up", "gauge", "1 while the provider is live (joining, active or straggling).", [](P p) { return double(p.up); });
+  per_provider("xloco_provider_last_round", "gauge", "Last round the provider contributed to.", [](P p) { return double(p.last_round); });
+  per_provider("xloco_provider_tokens_per_second", "gauge", "The provider's recent inner throughput.", [](P p) { return p.tokens_per_s; });
+  per_provider("xloco_provider_tokens_total", "counter", "Tokens in the provider's counted contributions.", [](P p) { return double(p.tokens); });
+  per_provider("xloco_provider_bytes_up_total", "counter", "Contribution bytes from the provider.", [](P p) { return p.bytes_up; });
+  per_provider("xloco_provider_bytes_down_total", "counter", "Bytes sent to the provider.", [](P p) { return p.bytes_down; });
+  per_provider("xloco_provider_last_seen_seconds", "gauge", "Seconds since the provider was last heard from.", [](P p) { return p.last_seen_s; });
   return out;
 }
 
@@ -239,28 +236,20 @@ std::string http_get(const std::string& base, const std::string& path, double ti
   }
 }
 
-std::string status_table(const json& s) {
-  std::string out = fmt::format("run {} | round {}/{} | {}{} | eval {} | {} up, {} down\n",
-                                s.value("run", "?"), s.value("round", 0), s.value("total_rounds", 0),
-                                s.value("state", "?"),
-                                s.value("reason", "").empty() ? "" : " (" + s.value("reason", "") + ")",
-                                s.contains("eval_loss") && s["eval_loss"].is_number()
-                                    ? fmt::format("{:.4f}", s["eval_loss"].get<double>())
-                                    : "-",
-                                common::human_bytes(num(s, "bytes_up")),
-                                common::human_bytes(num(s, "bytes_down")));
+std::string status_table(const HeadStatus& s) {
+  std::string out = fmt::format("run {} | round {}/{} | {}{} | eval {} | {} up, {} down\n", s.run,
+                                s.round, s.total_rounds, s.state,
+                                s.reason.empty() ? "" : " (" + s.reason + ")",
+                                s.eval_loss ? fmt::format("{:.4f}", *s.eval_loss) : "-",
+                                common::human_bytes(s.bytes_up), common::human_bytes(s.bytes_down));
   out += fmt::format("{:<20} {:<15} {:<11} {:>6} {:>11} {:>11} {:>11} {:>9}  {}\n", "PROVIDER",
                      "ADDRESS", "STATE", "ROUND", "TOKENS/S", "BYTES UP", "BYTES DOWN", "SEEN",
                      "REASON");
-  for (const auto& p : s.value("providers", json::array())) {
-    const std::string address = p.value("address", "");
-    out += fmt::format("{:<20} {:<15} {:<11} {:>6} {:>11} {:>11} {:>11} {:>8.1f}s  {}\n",
-                       p.value("name", "?"), address.empty() ? "-" : address, p.value("state", "?"),
-                       p.value("last_round", 0),
-                       common::human_rate(num(p, "tokens_per_s")),
-                       common::human_bytes(num(p, "bytes_up")),
-                       common::human_bytes(num(p, "bytes_down")), num(p, "last_seen_s"),
-                       p.value("reason", ""));
+  for (const auto& p : s.providers) {
+    out += fmt::format("{:<20} {:<15} {:<11} {:>6} {:>11} {:>11} {:>11} {:>8.1f}s  {}\n", p.name,
+                       p.address.empty() ? "-" : p.address, p.state, p.last_round,
+                       common::human_rate(p.tokens_per_s), common::human_bytes(p.bytes_up),
+                       common::human_bytes(p.bytes_down), p.last_seen_s, p.reason);
   }
   return out;
 }

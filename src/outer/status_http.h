@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "outer/documents.h"
 
 namespace xloco::outer {
 
@@ -20,7 +20,7 @@ class StatusServer {
   StatusServer(const StatusServer&) = delete;
   StatusServer& operator=(const StatusServer&) = delete;
 
-  void publish(nlohmann::json status);
+  void publish(HeadStatus status);
   std::string url() const;  // http://HOST:PORT
 
  private:
@@ -30,7 +30,7 @@ class StatusServer {
 
 // /metrics from a /status snapshot: every metric with HELP and TYPE, counters named *_total,
 // label values escaped.
-std::string prometheus_text(const nlohmann::json& status);
+std::string prometheus_text(const HeadStatus& status);
 
 // GET `path` from `base` (http://HOST:PORT); returns the body of a 200 reply and throws
 // common::Error naming the URL and the reason otherwise.
@@ -38,6 +38,6 @@ std::string http_get(const std::string& base, const std::string& path, double ti
 
 // The `xloco status` table: one line per provider (state, last round, tokens/s, bytes, last
 // seen) under a line about the run.
-std::string status_table(const nlohmann::json& status);
+std::string status_table(const HeadStatus& status);
 
 }  // namespace xloco::outer

@@ -1,21 +1,29 @@
 #include "outer/sync.h"
 
-#include <torch/torch.h>
-
-#include "common/error.h"
+#include "compress/torch_adapter.h"
 
 namespace xloco::outer {
 namespace {
 
-compress::CodecConfig base(const common::OuterConfig& c, const std::string& codec) {
+compress::CodecConfig base(const common::OuterConfig& c, common::CodecKind codec) {
   compress::CodecConfig cc;
-  cc.codec = compress::parse_codec(codec);
+  cc.codec = to_codec(codec);
   cc.block_size = static_cast<uint32_t>(c.block_size);
   cc.zstd_level = c.zstd_level;
   return cc;
 }
 
 }  // namespace
+
+compress::Codec to_codec(common::CodecKind kind) {
+  switch (kind) {
+    case common::CodecKind::kFp32: return compress::Codec::kFp32;
+    case common::CodecKind::kBf16: return compress::Codec::kBf16;
+    case common::CodecKind::kInt8: return compress::Codec::kInt8;
+    case common::CodecKind::kInt4: return compress::Codec::kInt4;
+  }
+  return compress::Codec::kFp32;
+}
 
 compress::CodecConfig uplink_codec(const common::OuterConfig& c) {
   auto cc = base(c, c.codec_up);
@@ -38,40 +46,14 @@ compress::CodecConfig full_state_codec() {
   return cc;
 }
 
-std::vector<compress::TensorRef> views(torch::Tensor& flat, const Slots& slots) {
-  XLOCO_ENFORCE(flat.is_contiguous() && flat.device().is_cpu() &&
-                    flat.scalar_type() == torch::kFloat32,
-                common::Error, "codec views need a contiguous CPU float32 buffer");
-  std::vector<compress::TensorRef> out;
-  out.reserve(slots.size());
-  float* base_ptr = flat.data_ptr<float>();
-  for (const auto& s : slots) out.push_back({s.name, s.shape, base_ptr + s.offset});
-  return out;
-}
-
-std::vector<compress::ConstTensorRef> const_views(const torch::Tensor& flat, const Slots& slots) {
-  XLOCO_ENFORCE(flat.is_contiguous() && flat.device().is_cpu() &&
-                    flat.scalar_type() == torch::kFloat32,
-                common::Error, "codec views need a contiguous CPU float32 buffer");
-  std::vector<compress::ConstTensorRef> out;
-  out.reserve(slots.size());
-  const float* base_ptr = flat.data_ptr<float>();
-  for (const auto& s : slots) out.push_back({s.name, s.shape, base_ptr + s.offset});
-  return out;
-}
-
 void apply_update(compress::Decoder& decoder, const uint8_t* frame, size_t size,
-                  const common::OuterConfig& c, torch::Tensor& theta_pub, const Slots& slots) {
-  if (c.codec_down == "fp32") {
-    decoder.decode(frame, size, views(theta_pub, slots));
+                  const common::OuterConfig& c, torch::Tensor& theta_pub,
+                  const common::FlatLayout& layout) {
+  if (c.codec_down == common::CodecKind::kFp32) {
+    compress::decode(decoder, frame, size, layout, theta_pub);
   } else {
-    decoder.decode_add(frame, size, views(theta_pub, slots));
+    compress::decode_add(decoder, frame, size, layout, theta_pub);
   }
-}
-
-void apply_update(compress::Decoder& decoder, const std::vector<uint8_t>& frame,
-                  const common::OuterConfig& c, torch::Tensor& theta_pub, const Slots& slots) {
-  apply_update(decoder, frame.data(), frame.size(), c, theta_pub, slots);
 }
 
 }  // namespace xloco::outer

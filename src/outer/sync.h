@@ -1,6 +1,6 @@
-// What the head and the providers share about a flat parameter buffer on the wire: the codec
-// settings of each link, the per-parameter views the codec frames carry (names and shapes are
-// checked on decode, so a model mismatch is an error, not garbage), and the update rule.
+// What the head and the providers share about the flat parameter buffer on the wire: the codec
+// settings of each link (names and shapes travel in every frame and are checked on decode, so
+// a model mismatch is an error, not garbage) and the update rule.
 #pragma once
 
 #include <cstdint>
@@ -9,30 +9,23 @@
 #include <torch/types.h>
 
 #include "common/config.h"
+#include "common/layout.h"
 #include "compress/codec.h"
 #include "compress/decoder.h"
-#include "compress/encoder.h"
-#include "inner/trainer.h"
 
 namespace xloco::outer {
 
-using Slots = std::vector<inner::InnerTrainer::Slot>;
-
+compress::Codec to_codec(common::CodecKind kind);
 compress::CodecConfig uplink_codec(const common::OuterConfig& c);
 compress::CodecConfig downlink_codec(const common::OuterConfig& c);
 compress::CodecConfig full_state_codec();
 
-// Views of `flat` (a contiguous CPU fp32 tensor) as the model's named parameters.
-std::vector<compress::TensorRef> views(torch::Tensor& flat, const Slots& slots);
-std::vector<compress::ConstTensorRef> const_views(const torch::Tensor& flat, const Slots& slots);
-
 // θ_pub ← θ_pub + deq(u) for a lossy downlink; θ_pub ← deq(u) = θ_true for fp32, which carries
 // θ_true itself so that fp32 on both links keeps θ_pub == θ_true bit for bit (a + (b − a) is
 // not always b in floating point). Run identically on the head and every provider.
-void apply_update(compress::Decoder& decoder, const std::vector<uint8_t>& frame,
-                  const common::OuterConfig& c, torch::Tensor& theta_pub, const Slots& slots);
 void apply_update(compress::Decoder& decoder, const uint8_t* frame, size_t size,
-                  const common::OuterConfig& c, torch::Tensor& theta_pub, const Slots& slots);
+                  const common::OuterConfig& c, torch::Tensor& theta_pub,
+                  const common::FlatLayout& layout);
 
 // The uplink / downlink payload sizes that fp32 data parallel would send for the same steps.
 inline double fp32_bytes(const torch::Tensor& flat) {

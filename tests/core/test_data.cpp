@@ -17,7 +17,7 @@ TEST_SUITE("data") {
     const int64_t n = 4400000;
     const auto val = inner::kjv_val_blocks(n);
     CHECK(val.size() == 3);
-    for (const std::string sharding : {"iid", "books"}) {
+    for (const auto sharding : {common::Sharding::kIid, common::Sharding::kBooks}) {
       std::set<int64_t> seen;
       size_t total = 0;
       for (int k = 0; k < 4; ++k) {
@@ -33,9 +33,9 @@ TEST_SUITE("data") {
       CHECK(total + val.size() == static_cast<size_t>((n + inner::kKjvBlock - 1) / inner::kKjvBlock));
     }
     // books are contiguous runs, iid interleaves
-    const auto books0 = inner::kjv_train_blocks(n, {0, 4}, "books");
-    const auto iid0 = inner::kjv_train_blocks(n, {0, 4}, "iid");
-    CHECK(books0.back() < inner::kjv_train_blocks(n, {1, 4}, "books").front());
+    const auto books0 = inner::kjv_train_blocks(n, {0, 4}, common::Sharding::kBooks);
+    const auto iid0 = inner::kjv_train_blocks(n, {0, 4}, common::Sharding::kIid);
+    CHECK(books0.back() < inner::kjv_train_blocks(n, {1, 4}, common::Sharding::kBooks).front());
     CHECK(iid0[1] - iid0[0] >= 4);
   }
 
@@ -88,7 +88,7 @@ TEST_SUITE("data") {
   TEST_CASE("Fashion-MNIST shards: iid and dirichlet are disjoint and deterministic") {
     std::vector<uint8_t> labels(6000);
     for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>((i * 7) % 10);
-    for (const std::string s : {"iid", "dirichlet"}) {
+    for (const auto s : {common::Sharding::kIid, common::Sharding::kDirichlet}) {
       std::set<int64_t> seen;
       size_t total = 0;
       for (int k = 0; k < 4; ++k) {
@@ -100,7 +100,7 @@ TEST_SUITE("data") {
       CHECK(total == labels.size());
     }
     // dirichlet(0.1) skews labels: some shard's most common class is far above 10 %.
-    auto skew = inner::fmnist_shard(labels, {0, 4}, "dirichlet", 0.1, 42);
+    auto skew = inner::fmnist_shard(labels, {0, 4}, common::Sharding::kDirichlet, 0.1, 42);
     std::vector<int> counts(10);
     for (auto i : skew) counts[labels[i]]++;
     CHECK(*std::max_element(counts.begin(), counts.end()) > 0.3 * skew.size());
@@ -131,8 +131,8 @@ TEST_SUITE("data") {
     auto idx = inner::read_idx(inner::default_fmnist_dir() + "/t10k-labels-idx1-ubyte.gz");
     CHECK(idx.dims == std::vector<int64_t>{10000});
     auto c = test::tiny_gpt_config();
-    c.data.dataset = "fmnist";
-    c.model.kind = "cnn";
+    c.data.dataset = common::DatasetKind::kFmnist;
+    c.model.kind = common::ModelKind::kCnn;
     auto ds = inner::make_dataset(c, {1, 3});
     auto b = ds->train_batch(0, 0, 1);
     CHECK(b.x.sizes() == torch::IntArrayRef({c.inner.batch_size, 1, 28, 28}));

@@ -19,6 +19,7 @@
 #include "net/keys.h"
 #include "net/protocol.h"
 #include "net/zmq/transport.h"
+#include "outer/membership.h"
 #include "outer/round.h"
 #include "outer/status_http.h"
 
@@ -207,16 +208,21 @@ TEST_SUITE("elastic_rules") {
   }
 
   TEST_CASE("/metrics text passes promtool and escapes label values") {
-    const json s = {{"run", "r\"1"},
-                    {"state", "paused"},
-                    {"round", 3},
-                    {"total_rounds", 9},
-                    {"eval_loss", 2.5},
-                    {"bytes_up", 10},
-                    {"bytes_down", 20},
-                    {"providers",
-                     {{{"name", "a\\b"}, {"state", "dead"}, {"up", 0}, {"tokens_per_s", 1.5}},
-                      {{"name", "c"}, {"state", "active"}, {"up", 1}}}}};
+    outer::HeadStatus s;
+    s.run = "r\"1";
+    s.state = "paused";
+    s.round = 3;
+    s.total_rounds = 9;
+    s.eval_loss = 2.5;
+    s.bytes_up = 10;
+    s.bytes_down = 20;
+    s.providers.resize(2);
+    s.providers[0].name = "a\\b";
+    s.providers[0].state = "dead";
+    s.providers[0].tokens_per_s = 1.5;
+    s.providers[1].name = "c";
+    s.providers[1].state = "active";
+    s.providers[1].up = 1;
     const std::string text = outer::prometheus_text(s);
     CHECK(text.find("xloco_paused{run=\"r\\\"1\"} 1") != std::string::npos);
     CHECK(text.find("provider=\"a\\\\b\"") != std::string::npos);
@@ -451,11 +457,11 @@ TEST_SUITE("elastic") {
     send(bad, r + 5);  // a future round
     auto reply = expect(net::MessageType::kError, 10);
     REQUIRE(reply);
-    CHECK(std::get<net::ErrorReply>(reply->body).code == "future_round");
+    CHECK(std::get<net::ErrorReply>(reply->body).code == net::RefusalCode::kFutureRound);
     send(bad, r);  // wrong shapes
     reply = expect(net::MessageType::kError, 10);
     REQUIRE(reply);
-    CHECK(std::get<net::ErrorReply>(reply->body).code == "bad_frame");
+    CHECK(std::get<net::ErrorReply>(reply->body).code == net::RefusalCode::kBadFrame);
     const auto next = expect(net::MessageType::kRoundStart, 30);  // r closed at its deadline
     REQUIRE(next);
     send(bad, r);  // a stale round

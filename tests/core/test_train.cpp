@@ -69,7 +69,7 @@ TEST_SUITE("model") {
 
   TEST_CASE("cnn shapes") {
     common::Config c;
-    c.model.kind = "cnn";
+    c.model.kind = common::ModelKind::kCnn;
     auto m = inner::make_model(c);
     CHECK(m->logits(torch::zeros({3, 1, 28, 28})).sizes() == torch::IntArrayRef({3, 10}));
   }

@@ -13,14 +13,14 @@ Message header(const std::string& json) { return {text(json)}; }
 
 std::vector<Envelope> sample_envelopes() {
   return {
-      {kRun, 0, Hello{"alice", "cfg-3f2a", 1000, "h-9c"}},
+      {kRun, 0, Hello{"alice", "cfg-3f2a", 1000, "h-9c", 2}},
       {kRun, 3, Welcome{text("full state bytes"), 2, 4}},
       {kRun, 3, Heartbeat{}},
       {kRun, 4, RoundStart{}},
       {kRun, 4, Contribution{65536, 1.5, text("int8 codec frame")}},
       {kRun, 4, Update{text("fp32 update frame")}},
       {kRun, 5, Bye{"lease ended"}},
-      {kRun, 5, ErrorReply{"wrong_run", "this head runs run-7"}},
+      {kRun, 5, ErrorReply{RefusalCode::kMalformed, "protocol error (wrong_run): this head runs run-7"}},
   };
 }
 
@@ -36,6 +36,8 @@ void check_same(const Envelope& sent, const Envelope& got) {
           CHECK(actual.provider == expected.provider);
           CHECK(actual.config_hash == expected.config_hash);
           CHECK(actual.tokens == expected.tokens);
+          CHECK(actual.theta_pub_hash == expected.theta_pub_hash);
+          CHECK(actual.shard == expected.shard);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           CHECK(actual.state == expected.state);
           CHECK(actual.shard_index == expected.shard_index);
@@ -84,6 +86,11 @@ std::vector<MalformedCase> malformed_cases() {
        K::kBadField},
       {"version as text", header(R"({"v":"1","type":"HEARTBEAT","run":"run-7","round":3})"),
        K::kBadField},
+      {"HELLO asking for shard -2",
+       header("{" + ok + R"(,"type":"HELLO","provider":"a","config_hash":"c","tokens":0,"theta_pub_hash":"","shard":-2})"),
+       K::kBadField},
+      {"ERROR with a code that names no refusal",
+       header("{" + ok + R"(,"type":"ERROR","code":"teapot","reason":"r"})"), K::kBadField},
       {"CONTRIBUTION without its frame", header("{" + ok + R"(,"type":"CONTRIBUTION","tokens":5})"),
        K::kWrongFrameCount},
       {"HEARTBEAT with a stray frame",

@@ -1,0 +1,50 @@
+#include "outer/documents.h"
+
+#include <fstream>
+
+#include "common/error.h"
+
+namespace xloco::outer {
+
+void to_json(nlohmann::json& j, const RoundRecord& r) {
+  to_json(j, static_cast<const RoundFields&>(r));
+  if (r.eval_loss) j["eval_loss"] = *r.eval_loss;
+  if (r.eval_accuracy) j["eval_accuracy"] = *r.eval_accuracy;
+}
+
+void from_json(const nlohmann::json& j, RoundRecord& r) {
+  from_json(j, static_cast<RoundFields&>(r));
+  r.eval_loss = j.value("eval_loss", nlohmann::json()).get<std::optional<double>>();
+  r.eval_accuracy = j.value("eval_accuracy", nlohmann::json()).get<std::optional<double>>();
+}
+
+template <typename T>
+T read_document(const std::string& path) {
+  std::ifstream in(path);
+  XLOCO_ENFORCE(in.good(), common::IoError, "cannot open {}", path);
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  XLOCO_ENFORCE(!j.is_discarded() && j.is_object(), common::IoError, "{} is not a JSON object",
+                path);
+  try {
+    return j.get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw common::IoError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+template HeadStatus read_document<HeadStatus>(const std::string&);
+template RunSummary read_document<RunSummary>(const std::string&);
+template HeadCheckpointState read_document<HeadCheckpointState>(const std::string&);
+
+std::vector<RoundRecord> read_round_records(const std::string& path) {
+  std::vector<RoundRecord> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    out.push_back(j.get<RoundRecord>());
+  }
+  return out;
+}
+
+}  // namespace xloco::outer

@@ -1,0 +1,117 @@
+#include "outer/global_model.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "common/alloc.h"
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/metrics.h"
+#include "compress/torch_adapter.h"
+#include "inner/data.h"
+#include "inner/model.h"
+#include "outer/sync.h"
+
+namespace xloco::outer {
+namespace {
+
+std::string hash_of(const torch::Tensor& t) {
+  return common::hash_hex(t.data_ptr(), static_cast<size_t>(t.numel()) * sizeof(float));
+}
+
+}  // namespace
+
+GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
+    : config_(config),
+      data_(inner::make_dataset(config, {0, 1})),
+      evaluator_(std::make_unique<inner::InnerTrainer>(config, inner::make_model(config), solo_,
+                                                       torch::Device(torch::kCPU))),
+      aggregator_(evaluator_->layout()),
+      down_enc_(downlink_codec(config.outer)),
+      state_enc_(full_state_codec()) {
+  opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel);
+  if (!init.empty()) {
+    evaluator_->load_model(common::read_safetensors(init + "/model.safetensors"));
+    spdlog::info("warm start from {}", init);
+  }
+  theta_true_ = theta_pub().clone();
+  pub_hash_ = evaluator_->param_hash();
+}
+
+void GlobalModel::rehash() {
+  prev_hash_ = pub_hash_;
+  pub_hash_ = evaluator_->param_hash();
+}
+
+net::Frame GlobalModel::full_state() {
+  return net::Frame(state_enc_.encode(compress::const_refs(layout(), theta_pub())));
+}
+
+GlobalModel::Closed GlobalModel::close_round() {
+  torch::NoGradGuard guard;
+  Closed out;
+  out.rejected = aggregator_.finish();
+  torch::Tensor& delta = aggregator_.delta();
+  if (aggregator_.added() > 0) opt_->step(theta_true_, delta);
+  last_update_ = {};  // the previous round's update is stale now: never hold two frames
+  std::vector<uint8_t> frame;
+  if (config_.outer.codec_down == common::CodecKind::kFp32) {
+    compress::encode(down_enc_, layout(), theta_true_, frame);
+  } else {
+    if (!delta.defined()) delta = torch::empty_like(theta_true_);
+    torch::sub_out(delta, theta_true_, theta_pub());  // Δ is spent: reuse its memory
+    compress::encode(down_enc_, layout(), delta, frame);
+  }
+  apply_update(dec_, frame.data(), frame.size(), config_.outer, theta_pub(), layout());
+  last_update_ = net::Frame(std::move(frame));
+  out.update = last_update_;
+  return out;
+}
+
+inner::EvalStats GlobalModel::evaluate(const std::function<void()>& between_batches) {
+  common::ScopedAllocPolicy heap(common::AllocPolicy::kEvaluating);
+  return evaluator_->evaluate(*data_, between_batches);
+}
+
+std::string GlobalModel::write_checkpoint(const std::string& root, HeadCheckpointState state,
+                                          int keep) {
+  common::CheckpointContents c;
+  for (const auto& s : layout().slots) {
+    c.files["model.safetensors"].push_back(
+        inner::view_blob(s.name, theta_true_.narrow(0, s.offset, s.numel).view(s.shape)));
+  }
+  c.files["outer.safetensors"] = {inner::view_blob("momentum", opt_->momentum()),
+                                  inner::view_blob("theta_pub", theta_pub())};
+  state.theta_pub_hash = hash_of(theta_pub());
+  state.momentum_hash = hash_of(opt_->momentum());
+  c.state = state;
+  return common::write_checkpoint(root, fmt::format("round-{:06d}", state.round), c, keep);
+}
+
+HeadCheckpointState GlobalModel::resume(const std::string& root, const std::string& config_hash) {
+  const auto dir = common::latest_checkpoint(root);
+  XLOCO_ENFORCE(dir.has_value(), common::IoError, "--resume: no checkpoint under {}", root);
+  const auto state = read_document<HeadCheckpointState>(*dir + "/state.json");
+  XLOCO_ENFORCE(state.config_hash == config_hash, common::ConfigError,
+                "--resume: {} was written with a different config (hash {} vs {})", *dir,
+                state.config_hash, config_hash);
+  const auto outer_file = common::read_safetensors(*dir + "/outer.safetensors");
+  const auto* mom = outer_file.find("momentum");
+  const auto* tp = outer_file.find("theta_pub");
+  XLOCO_ENFORCE(mom && tp, common::IoError, "{}/outer.safetensors lacks momentum/theta_pub", *dir);
+  evaluator_->load_model(common::read_safetensors(*dir + "/model.safetensors"));
+  theta_true_.copy_(theta_pub());
+  theta_pub().copy_(inner::from_blob(*tp));
+  opt_->momentum().copy_(inner::from_blob(*mom));
+  XLOCO_ENFORCE(hash_of(theta_pub()) == state.theta_pub_hash, common::IoError,
+                "{}: theta_pub does not match its hash in state.json", *dir);
+  XLOCO_ENFORCE(hash_of(opt_->momentum()) == state.momentum_hash, common::IoError,
+                "{}: outer momentum does not match its hash in state.json", *dir);
+  pub_hash_ = state.theta_pub_hash;
+  prev_hash_.clear();
+  spdlog::info("resumed from {}: round {} done, theta_pub {}, momentum {}", *dir, state.round,
+               state.theta_pub_hash, state.momentum_hash);
+  return state;
+}
+
+}  // namespace xloco::outer

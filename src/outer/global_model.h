@@ -1,0 +1,83 @@
+// The head's model side (design §2, §8), with no network I/O: θ_true, θ_pub (the parameters of
+// an evaluator that never trains), the outer momentum, the round's Aggregator, the codecs of
+// the downlink and of full states; evaluation of θ_pub on the validation windows; and the head
+// checkpoint, written atomically and verified against its hashes on resume. The event loop
+// (head.cpp) hands it frames and sends what it returns.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "common/config.h"
+#include "common/layout.h"
+#include "compress/decoder.h"
+#include "compress/encoder.h"
+#include "inner/dist.h"
+#include "inner/trainer.h"
+#include "net/frame.h"
+#include "outer/aggregate.h"
+#include "outer/documents.h"
+#include "outer/outer_opt.h"
+
+namespace xloco::outer {
+
+class GlobalModel {
+ public:
+  // θ from the config's seed, or from `init` (a checkpoint directory) for a warm start.
+  GlobalModel(const common::Config& config, const std::string& init);
+
+  const common::FlatLayout& layout() const { return evaluator_->layout(); }
+  torch::Tensor& theta_pub() { return evaluator_->params(); }
+  double param_bytes() const { return static_cast<double>(layout().bytes()); }
+
+  // θ_pub's hash now and before the last update (what rejoining providers are judged by).
+  const std::string& pub_hash() const { return pub_hash_; }
+  const std::string& prev_hash() const { return prev_hash_; }
+  // Hashes θ_pub after an update: the head calls it once the next round is under way.
+  void rehash();
+
+  // θ_pub in full, fp32, for a provider that holds nothing usable.
+  net::Frame full_state();
+  // The last UPDATE (empty before the first), for a provider exactly one round behind.
+  const net::Frame& last_update() const { return last_update_; }
+
+  Aggregator& aggregator() { return aggregator_; }
+  // Closes the round (design §2): Δ from the aggregator, θ_true ← OuterOpt(θ_true, Δ),
+  // u ← Q_down(θ_true − θ_pub), θ_pub ← θ_pub + deq(u). Returns u's frame, which is also kept
+  // as last_update(), and the contributions that failed to decode at the last moment. A round
+  // with nothing in Δ leaves θ_true alone and sends only the downlink residual.
+  struct Closed {
+    net::Frame update;
+    std::vector<Aggregator::Rejected> rejected;
+  };
+  Closed close_round();
+
+  // θ_pub's loss on the validation windows; `between_batches` runs after every batch.
+  inner::EvalStats evaluate(const std::function<void()>& between_batches);
+
+  // ckpt/round-NNNNNN under `root`: model.safetensors (θ_true, nanoGPT names),
+  // outer.safetensors (momentum, θ_pub), state.json (`state`, completed with the hashes).
+  std::string write_checkpoint(const std::string& root, HeadCheckpointState state, int keep);
+  // Loads the newest checkpoint under `root` after checking its config hash and the hashes of
+  // θ_pub and the momentum; throws common::IoError / ConfigError naming what differs.
+  HeadCheckpointState resume(const std::string& root, const std::string& config_hash);
+
+ private:
+  common::Config config_;
+  inner::Group solo_{inner::DistOptions{}};
+  std::unique_ptr<inner::Dataset> data_;
+  std::unique_ptr<inner::InnerTrainer> evaluator_;  // its params() are θ_pub
+  torch::Tensor theta_true_;
+  std::unique_ptr<OuterOptimizer> opt_;
+  Aggregator aggregator_;
+  compress::Encoder down_enc_, state_enc_;
+  compress::Decoder dec_;
+  net::Frame last_update_;
+  std::string pub_hash_, prev_hash_;
+};
+
+}  // namespace xloco::outer

@@ -1,0 +1,62 @@
+#include "outer/leader_rules.h"
+
+#include <fmt/format.h>
+
+namespace xloco::outer {
+
+const char* to_string(LeaderAction action) {
+  switch (action) {
+    case LeaderAction::kRunRound: return "run round";
+    case LeaderAction::kApplyUpdate: return "apply update";
+    case LeaderAction::kResync: return "resync";
+    case LeaderAction::kRejoined: return "rejoined";
+    case LeaderAction::kStop: return "stop";
+    case LeaderAction::kFatal: return "fatal";
+    case LeaderAction::kReport: return "report";
+    case LeaderAction::kIgnore: return "ignore";
+  }
+  return "?";
+}
+
+LeaderVerdict on_head_message(const LeaderState& s, const net::Envelope& m) {
+  const uint64_t r = m.round;
+  const uint64_t next = s.done_round + 1;
+  if (std::holds_alternative<net::RoundStart>(m.body)) {
+    if (s.rejoining) return {LeaderAction::kIgnore, "resynchronising"};
+    if (r == next) return {LeaderAction::kRunRound, fmt::format("round {} starts", r)};
+    return {LeaderAction::kResync,
+            fmt::format("round {} starts, but this provider holds round {}", r, s.done_round)};
+  }
+  if (std::holds_alternative<net::Update>(m.body)) {
+    if (r == next) return {LeaderAction::kApplyUpdate, fmt::format("update closing round {}", r)};
+    if (r > next && !s.rejoining) {
+      return {LeaderAction::kResync,
+              fmt::format("update for round {}, but this provider holds round {}", r, s.done_round)};
+    }
+    return {LeaderAction::kIgnore, fmt::format("update for round {}: not the next one", r)};
+  }
+  if (const auto* w = std::get_if<net::Welcome>(&m.body)) {
+    if (w->shard_index != s.shard_index || w->shard_count != s.shard_count) {
+      return {LeaderAction::kFatal,
+              fmt::format("the head moved this provider from shard {}/{} to {}/{}; restart it",
+                          s.shard_index, s.shard_count, w->shard_index, w->shard_count)};
+    }
+    return {LeaderAction::kRejoined,
+            fmt::format("back in the run at round {} ({})", r,
+                        w->state.empty() ? "its state was current" : "full state received")};
+  }
+  if (const auto* b = std::get_if<net::Bye>(&m.body)) {
+    return {LeaderAction::kStop, fmt::format("the head says goodbye ({})", b->reason)};
+  }
+  if (const auto* e = std::get_if<net::ErrorReply>(&m.body)) {
+    const std::string why = fmt::format("{} ({})", e->reason, net::to_string(e->code));
+    if (e->code == net::RefusalCode::kRejoin) {
+      return {s.rejoining ? LeaderAction::kIgnore : LeaderAction::kResync, why};
+    }
+    if (net::is_fatal(e->code)) return {LeaderAction::kFatal, "the head refused it: " + why};
+    return {LeaderAction::kReport, "the head reports " + why};
+  }
+  return {LeaderAction::kIgnore, ""};
+}
+
+}  // namespace xloco::outer

@@ -1,0 +1,136 @@
+#include "outer/ledger.h"
+
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "common/checkpoint.h"
+
+namespace xloco::outer {
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+RunLedger::RunLedger(const common::Config& config, const std::string& run_dir)
+    : config_(config), total_(common::total_rounds(config)) {
+  metrics_.open((std::filesystem::path(run_dir) / "metrics" / "head.jsonl").string());
+}
+
+void RunLedger::count_up(Member& m, size_t bytes) {
+  m.bytes_up += static_cast<double>(bytes);
+  summary_.bytes_up += static_cast<double>(bytes);
+}
+
+void RunLedger::count_down(Member& m, size_t bytes) {
+  m.bytes_down += static_cast<double>(bytes);
+  summary_.bytes_down += static_cast<double>(bytes);
+}
+
+double RunLedger::uptime_s() const { return seconds_since(started_); }
+
+RoundRecord RunLedger::close_round(const RoundState& round, const std::string& reason,
+                                   Members& members, size_t update_bytes) {
+  RoundRecord rec;
+  rec.round = round.round;
+  rec.participants = round.contributed.size();
+  rec.reason = reason;
+  rec.update_bytes = update_bytes;
+  rec.round_s = seconds_since(round.started);
+  for (const auto& [p, tokens] : round.contributed) {
+    Member& m = members[p];
+    m.tokens += tokens;
+    m.last_round = round.round;
+    rec.compute_s = std::max(rec.compute_s, m.compute_s);
+  }
+  rec.comm_s = std::max(0.0, rec.round_s - rec.compute_s);
+  rec.frames = frames_;
+  rec.deadline_s = round.deadline_s;
+  rec.bytes_up = summary_.bytes_up;
+  rec.bytes_down = summary_.bytes_down;
+  rec.late_contributions = late_contributions_;
+  return rec;
+}
+
+void RunLedger::set_eval(double loss, const std::optional<double>& accuracy, RoundRecord& record) {
+  record.eval_loss = last_eval_ = summary_.final_eval_loss = loss;
+  record.eval_accuracy = accuracy;
+}
+
+void RunLedger::write_round(const RoundRecord& rec) {
+  metrics_.write(rec);
+  const uint64_t done_rounds = rec.round;
+  const double per_round = uptime_s() / static_cast<double>(done_rounds - resumed_from_);
+  spdlog::info("round {}/{} | {} providers | {} up | {} down | round {:.2f}s {}| ETA {}", done_rounds,
+               total_, rec.participants, common::human_bytes(summary_.bytes_up),
+               common::human_bytes(summary_.bytes_down), rec.round_s,
+               rec.eval_loss ? fmt::format("| eval {:.4f} ", *rec.eval_loss) : "",
+               common::human_duration(per_round * static_cast<double>(total_ - static_cast<int>(done_rounds))));
+}
+
+HeadStatus RunLedger::status(const std::string& state, const std::string& reason,
+                             uint64_t done_rounds, const RoundState* open, const Members& members,
+                             const std::string& pub_hash) const {
+  HeadStatus s;
+  s.run = config_.run.name;
+  s.state = state;
+  s.reason = reason;
+  s.round = done_rounds;
+  s.round_in_progress = open ? open->round : 0;
+  s.total_rounds = total_;
+  s.deadline_s = open ? open->deadline_s : 0.0;
+  s.bytes_up = summary_.bytes_up;
+  s.bytes_down = summary_.bytes_down;
+  s.late_contributions = late_contributions_;
+  s.uptime_s = uptime_s();
+  s.theta_pub_hash = pub_hash;
+  s.eval_loss = last_eval_;
+  s.providers = provider_statuses(members, Clock::now());
+  return s;
+}
+
+HeadCheckpointState RunLedger::checkpoint_state(uint64_t done_rounds, const Members& members) const {
+  HeadCheckpointState st;
+  st.round = done_rounds;
+  st.run = config_.run.name;
+  st.config = common::to_json(config_);
+  st.config_hash = common::config_hash(config_);
+  for (const auto& [name, m] : members) st.members[name] = {m.shard, m.tokens};
+  st.bytes_up = summary_.bytes_up;
+  st.bytes_down = summary_.bytes_down;
+  return st;
+}
+
+void RunLedger::restore(const HeadCheckpointState& st, Members& members) {
+  resumed_from_ = st.round;
+  summary_.bytes_up = st.bytes_up;
+  summary_.bytes_down = st.bytes_down;
+  for (const auto& [name, m] : st.members) {
+    members[name].shard = m.shard;
+    members[name].tokens = m.tokens;
+  }
+}
+
+const RunSummary& RunLedger::finish(uint64_t done_rounds, const std::string& pub_hash,
+                                    double param_bytes, const std::string& path) {
+  RunSummary& s = summary_;
+  s.rounds = static_cast<int>(done_rounds);
+  s.wall_s = uptime_s();
+  s.theta_pub_hash = pub_hash;
+  s.param_bytes = param_bytes;
+  s.fp32_dp_bytes = 2.0 * param_bytes * config_.inner.steps * config_.outer.providers;
+  s.bytes_vs_fp32_dp = (s.bytes_up + s.bytes_down) / s.fp32_dp_bytes;
+  s.late_contributions = late_contributions_;
+  s.head_peak_rss_bytes = common::peak_rss_bytes();
+  common::write_file_atomic(path, nlohmann::json(s).dump(2) + "\n");
+  spdlog::info("done: {} rounds, final eval loss {:.4f}, {} up, {} down ({:.5f} of fp32 data "
+               "parallel), theta_pub {}",
+               s.rounds, s.final_eval_loss, common::human_bytes(s.bytes_up),
+               common::human_bytes(s.bytes_down), s.bytes_vs_fp32_dp, s.theta_pub_hash);
+  return s;
+}
+
+}  // namespace xloco::outer

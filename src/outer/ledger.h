@@ -1,0 +1,63 @@
+// The head's account of a run (design §8): byte and contribution counters, the last
+// evaluation, and the typed documents made from them (documents.h) — one metrics/head.jsonl
+// line per round, /status, summary.json, a checkpoint's state.json. It decides nothing and does
+// no network I/O; the head feeds it as rounds close.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "common/config.h"
+#include "common/metrics.h"
+#include "outer/documents.h"
+#include "outer/membership.h"
+#include "outer/round.h"
+
+namespace xloco::outer {
+
+class RunLedger {
+ public:
+  RunLedger(const common::Config& config, const std::string& run_dir);
+
+  void count_up(Member& m, size_t bytes);
+  void count_down(Member& m, size_t bytes);
+  void count_late() { ++late_contributions_; }
+  void note_frame(const std::string& peer, const std::string& hash) { frames_[peer] = hash; }
+  void forget_frame(const std::string& peer) { frames_.erase(peer); }
+  void new_round() { frames_.clear(); }
+
+  // The record of a round that just closed with `round.contributed`; credits their tokens.
+  RoundRecord close_round(const RoundState& round, const std::string& reason, Members& members,
+                          size_t update_bytes);
+  // Completes the record (totals, evaluation), appends it to head.jsonl and logs the round.
+  void write_round(const RoundRecord& record);
+
+  HeadStatus status(const std::string& state, const std::string& reason, uint64_t done_rounds,
+                    const RoundState* open, const Members& members,
+                    const std::string& pub_hash) const;
+
+  HeadCheckpointState checkpoint_state(uint64_t done_rounds, const Members& members) const;
+  // Counters and member shards and tokens from a checkpoint.
+  void restore(const HeadCheckpointState& state, Members& members);
+  uint64_t resumed_from() const { return resumed_from_; }
+
+  // Writes summary.json (to `path`) and logs the end of the run.
+  const RunSummary& finish(uint64_t done_rounds, const std::string& pub_hash, double param_bytes,
+                           const std::string& path);
+  const RunSummary& summary() const { return summary_; }
+  double uptime_s() const;
+  void set_eval(double loss, const std::optional<double>& accuracy, RoundRecord& record);
+
+ private:
+  const common::Config& config_;
+  const int total_;
+  const Clock::time_point started_ = Clock::now();
+  common::JsonlWriter metrics_;
+  RunSummary summary_;  // bytes_up/down are the running totals
+  uint64_t late_contributions_ = 0, resumed_from_ = 0;
+  std::optional<double> last_eval_;
+  std::map<std::string, std::string> frames_;  // provider → BLAKE2b of its contribution
+};
+
+}  // namespace xloco::outer

@@ -1,0 +1,85 @@
+#include "outer/link.h"
+
+#include <spdlog/spdlog.h>
+
+namespace xloco::outer {
+
+Link::Link(std::unique_ptr<net::Transport> transport, const common::Config& config)
+    : net_(std::move(transport)), run_(config.run.name), heartbeat_s_(config.outer.heartbeat_s),
+      thread_([this] { loop(); }) {}
+
+Link::~Link() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void Link::post(net::Body body, uint64_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outbox_.push_back(net::encode(net::Envelope{run_, round, std::move(body)}));
+}
+
+std::optional<net::Envelope> Link::next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return !inbox_.empty(); })) return std::nullopt;
+  auto m = std::move(inbox_.front());
+  inbox_.pop_front();
+  return m;
+}
+
+void Link::set_progress(uint64_t round, uint64_t step, double tokens_per_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  round_ = round;
+  step_ = step;
+  tokens_per_s_ = tokens_per_s;
+}
+
+double Link::head_silent_s() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::chrono::duration<double>(Clock::now() - last_rx_).count();
+}
+
+void Link::loop() {
+  auto last_beat = Clock::now();
+  while (true) {
+    std::deque<net::Message> out;
+    bool stop = false;
+    net::Heartbeat beat;
+    uint64_t round = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out.swap(outbox_);
+      stop = stop_;
+      beat = {step_, tokens_per_s_};
+      round = round_;
+    }
+    for (const auto& m : out) send(m);
+    if (stop) return;  // after the last posts (a BYE) went out
+    if (std::chrono::duration<double>(Clock::now() - last_beat).count() >= heartbeat_s_) {
+      last_beat = Clock::now();
+      send(net::encode(net::Envelope{run_, round, beat}));
+    }
+    auto rx = net_->receive(std::chrono::milliseconds(20));
+    if (!rx) continue;
+    try {
+      auto env = net::decode(rx->message, run_);
+      std::lock_guard<std::mutex> lock(mu_);
+      last_rx_ = Clock::now();
+      inbox_.push_back(std::move(env));
+      cv_.notify_one();
+    } catch (const net::ProtocolError& e) {
+      spdlog::warn("ignored a bad message from the head: {}", e.what());
+    }
+  }
+}
+
+void Link::send(const net::Message& m) {
+  const auto st = net_->send(net::kHeadPeer, m);
+  if (st != net::SendStatus::kSent) {
+    spdlog::warn("message to the head at {}: {}", net_->endpoint(), net::to_string(st));
+  }
+}
+
+}  // namespace xloco::outer

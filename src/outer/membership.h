@@ -1,0 +1,143 @@
+// Membership (design §2) as pure rules over the head's member table, in the style of round.h:
+// functions of (now, state, config) that return a verdict and its reason, with no sockets and
+// no logging. The head's event loop carries the verdicts out (sends, logs, state changes);
+// tests call the rules directly with an injected clock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/layout.h"
+#include "compress/frame.h"
+#include "net/protocol.h"
+#include "outer/documents.h"
+#include "outer/round.h"
+
+namespace xloco::outer {
+
+// A provider is joining from its WELCOME until its first round, active while it contributes,
+// straggling after it missed a round's deadline (it is still sent updates and rounds), dead
+// when silent for outer.dead_after_s, and left after a BYE.
+enum class MemberState { kJoining, kActive, kStraggling, kDead, kLeft };
+const char* to_string(MemberState state);
+inline bool is_live(MemberState s) {
+  return s == MemberState::kJoining || s == MemberState::kActive || s == MemberState::kStraggling;
+}
+
+struct Member {
+  int shard = -1;                          // its data shard, kept across rejoins
+  MemberState state = MemberState::kDead;  // not live until its HELLO
+  std::string reason;                      // why it is in that state
+  Clock::time_point last_seen{};           // epoch until its first HELLO to this head process
+  uint64_t last_round = 0;                 // last round it contributed to
+  uint64_t tokens = 0;                     // contributed over the run
+  uint64_t step = 0;                       // from its heartbeats
+  double tokens_per_s = 0;                 // from its heartbeats
+  double bytes_up = 0, bytes_down = 0;
+  double compute_s = 0;                    // inner compute of its last contribution
+  std::string address;                     // IP address of its last HELLO, as the head sees it
+  std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
+};
+using Members = std::map<std::string, Member>;
+
+inline constexpr std::size_t kRoundTimesKept = 5;
+
+size_t live_count(const Members& members);
+
+// Dead when nothing (heartbeat or any message) came from it for outer.dead_after_s.
+bool is_silent(Clock::time_point now, Clock::time_point last_seen,
+               const common::OuterConfig& config);
+
+// What a (re)joining provider needs, from the θ_pub hash it reports in HELLO: nothing when it
+// holds the head's θ_pub, the last update when it is exactly one round behind (and the head
+// still has that update), the full state otherwise (design §2).
+enum class SyncAction { kNone, kUpdate, kFullState };
+SyncAction sync_for(const std::string& provider_hash, const std::string& current_hash,
+                    const std::string& previous_hash, bool have_last_update);
+
+// ------------------------------------------------------------------ admission (HELLO)
+
+// What the head knows of the run when it judges a HELLO.
+struct RunPosition {
+  std::string config_hash;          // the run's
+  uint64_t done_rounds = 0;
+  std::string pub_hash, prev_hash;  // θ_pub now, and before the last update
+  bool have_last_update = false;
+};
+
+struct ShardChoice {
+  int shard = -1;      // -1: none free
+  std::string note;    // why it is not the one asked for, when it is not
+};
+// The shard a provider keeps (its earlier one), else the one it asks for when that is free,
+// else the lowest free one. Shards follow names, never the order of arrival, so that the same
+// config and seed give the same run. shared_data: every provider trains on shard 0.
+ShardChoice choose_shard(const std::string& peer, int64_t requested, const Members& members,
+                         const common::OuterConfig& config);
+
+struct Admission {
+  bool admit = false;
+  net::RefusalCode code = net::RefusalCode::kFull;  // when refused
+  int shard = -1;
+  SyncAction sync = SyncAction::kFullState;
+  bool fresh = false;   // its first HELLO to this head process (joined, not rejoined)
+  std::string reason;   // refusal, or how it was admitted
+};
+Admission admit(const std::string& peer, const net::Hello& hello, const Members& members,
+                const RunPosition& run, const common::OuterConfig& config);
+
+// ------------------------------------------------------------------ contributions
+
+enum class ContributionAction {
+  kAccept,  // add it to the round's Δ
+  kDrop,    // late, duplicate, or from a provider that joined after the round started
+  kRefuse,  // answer with an ERROR naming `code`
+};
+struct ContributionVerdict {
+  ContributionAction action = ContributionAction::kRefuse;
+  net::RefusalCode code = net::RefusalCode::kRejoin;  // when refused
+  bool late = false;                                   // counted in late_contributions
+  std::string reason;
+};
+// `open` is the round in progress, or null between rounds; `done_rounds` the last one closed;
+// `frame_problem` what is wrong with the frame's structure (frame_mismatch, or the FrameError
+// of reading its header), nullopt when nothing is.
+ContributionVerdict judge_contribution(const std::string& peer, uint64_t round, uint64_t tokens,
+                                       const Members& members, const RoundState* open,
+                                       uint64_t done_rounds,
+                                       const std::optional<std::string>& frame_problem);
+
+// A frame's tensor table against the run's layout: nullopt when every name and shape agrees,
+// else what differs first.
+std::optional<std::string> frame_mismatch(const compress::FrameInfo& frame,
+                                          const common::FlatLayout& layout);
+
+// ------------------------------------------------------------------ liveness
+
+struct Transition {
+  std::string name;
+  MemberState to = MemberState::kDead;
+  std::string reason;
+};
+// Live members silent past outer.dead_after_s are dead.
+std::vector<Transition> sweep(Clock::time_point now, const Members& members,
+                              const common::OuterConfig& config);
+// At a round's close, the active members that did not contribute are straggling.
+std::vector<Transition> stragglers(const RoundState& round, const std::string& why);
+// A member silent only because the head could not listen for `gap` (a checkpoint's fsync, a
+// long evaluation step) has that time forgiven; gaps under a second are ordinary.
+Clock::time_point forgiven(Clock::time_point last_seen, Clock::time_point now,
+                           Clock::duration gap);
+
+// The order in which a round adds its contributions into Δ: by shard, then by name.
+std::vector<std::string> aggregation_order(const RoundState& round, const Members& members);
+
+// The member table as /status shows it.
+std::vector<ProviderStatus> provider_statuses(const Members& members, Clock::time_point now);
+
+}  // namespace xloco::outer
