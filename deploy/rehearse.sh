@@ -132,7 +132,7 @@ pids+=("$head_pid")
 for i in $(seq 0 $((PROVIDERS - 1))); do
   ip netns exec "$P-p$i" "${common_env[@]}" \
     XLOCO_HEAD="tcp://$HEAD_ADDR:$ZMQ_PORT" XLOCO_HEAD_PUB="$(cat "$keys/head.pub")" \
-    XLOCO_NAME="provider-$i" XLOCO_KEY="$(cat "$keys/provider-$i.key")" \
+    XLOCO_NAME="provider-$i" XLOCO_SHARD=$i XLOCO_KEY="$(cat "$keys/provider-$i.key")" \
     XLOCO_RANKS_ON_HOST=$((PROVIDERS + 1)) \
     "$XLOCO" worker > >(sed -u "s/^/[provider-$i] /") 2>&1 &
   pids+=("$!")

@@ -40,23 +40,24 @@ def log(msg):
     print(f"harness: {msg}", flush=True)
 
 
-def load_config(path, overrides):
-    with open(ROOT / path) as f:
-        cfg = json.load(f)
-    for key, value in overrides.items():
-        node = cfg
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return cfg
+def resolved_config(xloco, path, overrides):
+    """The config a run with these overrides uses, every default filled in, from xloco itself
+    (`xloco config`): the same document the head and `xloco train` write to runs/NAME/config.json."""
+    out = subprocess.run([xloco, "config", "--config", str(ROOT / path)] + set_args(overrides),
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"xloco config {path}: {out.stdout}{out.stderr}")
+    return json.loads(out.stdout)
 
 
-def get(cfg, key, default=None):
+def run_config(run_dir):
+    """The config a finished run used, as its head (or `xloco train`) wrote it."""
+    return json.loads((run_dir / "config.json").read_text())
+
+
+def get(cfg, key):
     node = cfg
     for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return default
         node = node[p]
     return node
 
@@ -79,13 +80,16 @@ def read_jsonl(path):
     return rows
 
 
-def provider_pids(run_name, provider):
-    """Processes of one provider of one run (the worker and its rank children)."""
+def provider_pids(run_name, provider, session):
+    """Processes of one provider of one run (the worker and its rank children), among those of
+    `session`: the harness signals only processes it started itself."""
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
+            if os.getsid(int(d.name)) != session:
+                continue
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
@@ -131,7 +135,7 @@ class Runner:
         if kind == "netns":
             cmd = ["bash", str(ROOT / "deploy/rehearse.sh"), "--xloco", self.xloco, "--config",
                    str(ROOT / e["config"]), "--name", name, "--rate", e["rate"], "--providers",
-                   str(get(load_config(e["config"], e.get("set", {})), "outer.providers", 4))]
+                   str(get(resolved_config(self.xloco, e["config"], e.get("set", {})), "outer.providers"))]
             for k, v in cfg_overrides.items():
                 if k not in ("run.name", "outer.providers"):
                     cmd += ["--set", f"{k}={v}"]
@@ -151,7 +155,9 @@ class Runner:
         log(f"run {e['name']}: log in {logfile}")
         t0 = time.time()
         with open(logfile, "w") as lf:
-            proc = subprocess.Popen(cmd, cwd=self.work, stdout=lf, stderr=subprocess.STDOUT)
+            # Its own session: the kill watcher signals only processes of this run.
+            proc = subprocess.Popen(cmd, cwd=self.work, stdout=lf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             watchers = []
             if "kill" in e:
                 watchers.append(threading.Thread(target=self.kill_later, args=(e, proc), daemon=True))
@@ -198,7 +204,7 @@ class Runner:
         head = self.work / "runs" / self.run_name(e) / "metrics" / "head.jsonl"
         while proc.poll() is None:
             if len(read_jsonl(head)) >= k["after_round"]:
-                pids = provider_pids(self.run_name(e), k["provider"])
+                pids = provider_pids(self.run_name(e), k["provider"], proc.pid)
                 for pid in pids:
                     try:
                         os.kill(pid, signal.SIGKILL)
@@ -214,9 +220,9 @@ def collect(runner, e, extra):
     """Reads a finished run's metrics into one result record with its eval curve."""
     name = runner.run_name(e)
     run_dir = runner.work / "runs" / name
-    cfg = load_config(e["config"], e.get("set", {}))
+    cfg = run_config(run_dir)
     batch = get(cfg, "inner.batch_size")
-    seq = get(cfg, "model.seq_len", 128) if get(cfg, "model.kind", "gpt") == "gpt" else 1
+    seq = get(cfg, "model.seq_len") if get(cfg, "model.kind") == "gpt" else 1
     steps = get(cfg, "inner.steps")
     r = {"name": e["name"], "kind": e["kind"], "group": e.get("group", ""),
          "baseline": e.get("baseline", ""), "label": e.get("label", e["name"]),
@@ -224,7 +230,7 @@ def collect(runner, e, extra):
     offset_tokens = 0
     if "init" in e:
         src = runner.entry(e["init"]["run"])
-        scfg = load_config(src["config"], src.get("set", {}))
+        scfg = run_config(runner.work / "runs" / runner.run_name(src))
         offset_tokens = e["init"]["step"] * get(scfg, "inner.batch_size") * seq
         r["warm_start_step"] = e["init"]["step"]
     if e["kind"] == "train":

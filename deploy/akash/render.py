@@ -3,7 +3,7 @@
 the command line, and writes an SDL ready for `provider-services tx deployment create`.
 
   python3 deploy/akash/render.py head --keys keys --image IMAGE [--run NAME] -o head.sdl.yaml
-  python3 deploy/akash/render.py provider --keys keys --name provider-0 \\
+  python3 deploy/akash/render.py provider --keys keys --name provider-0 [--shard 0] \\
       --head tcp://PROVIDER_HOST:FORWARDED_PORT --image IMAGE_CUDA [--gpus 8] -o p0.sdl.yaml
 
 keys/ holds head.key, head.pub and one provider-N.key/.pub per provider (`xloco keygen
@@ -67,6 +67,9 @@ def main():
     ap.add_argument("--name", help="provider: its name (its key is KEYS/NAME.key)")
     ap.add_argument("--head", help="provider: tcp://HOST:PORT, the head's forwarded ZeroMQ port")
     ap.add_argument("--gpus", type=int, default=1, help="provider: GPUs (= ranks) per lease")
+    ap.add_argument("--shard", type=int, default=-1,
+                    help="provider: its data shard, 0..K-1 (default: -1, the head picks a free "
+                         "one; pin it so that the run does not depend on who connects first)")
     ap.add_argument("--cpus", type=int, default=None, help="provider: CPU units (default 8 per GPU)")
     ap.add_argument("--memory", default=None, help="provider: memory (default 64Gi per GPU)")
     ap.add_argument("--shm", default="16Gi", help="provider: /dev/shm size")
@@ -87,7 +90,7 @@ def main():
             sys.exit("render: a provider needs --name and --head tcp://HOST:PORT")
         if not re.fullmatch(r"tcp://[^:/]+:\d+", a.head):
             sys.exit(f"render: --head '{a.head}' is not tcp://HOST:PORT (the forwarded port from lease-status)")
-        values.update(HEAD=a.head, HEAD_PUBLIC=read_key(a.keys / "head.pub"), NAME=a.name,
+        values.update(HEAD=a.head, HEAD_PUBLIC=read_key(a.keys / "head.pub"), NAME=a.name, SHARD=a.shard,
                       SECRET=read_key(a.keys / f"{a.name}.key"), GPUS=a.gpus,
                       CPUS=a.cpus or 8 * a.gpus, MEMORY=a.memory or f"{64 * a.gpus}Gi", SHM=a.shm,
                       PROVIDER_PRICE=a.price or 1000000)

@@ -19,5 +19,6 @@ void add_head_command(CLI::App& app);
 void add_worker_command(CLI::App& app);
 void add_local_command(CLI::App& app);
 void add_status_command(CLI::App& app);
+void add_config_command(CLI::App& app);
 
 }  // namespace xloco::cli

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   xloco::cli::add_worker_command(app);
   xloco::cli::add_local_command(app);
   xloco::cli::add_status_command(app);
+  xloco::cli::add_config_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -251,17 +251,34 @@ Envelope decode(const Message& message, std::string_view expected_run) {
   return envelope;
 }
 
-std::optional<std::uint64_t> peek_round(const Message& message) noexcept {
+namespace {
+
+// The header's `key`, when the message has a readable header that holds it.
+std::optional<json> peek(const Message& message, const char* key) noexcept {
   try {
     if (message.empty() || message[0].size() > kMaxHeaderBytes) return std::nullopt;
     const json header = json::parse(message[0].view(), nullptr, false);
     if (!header.is_object()) return std::nullopt;
-    const auto it = header.find("round");
-    if (it == header.end() || !it->is_number_unsigned()) return std::nullopt;
-    return it->get<std::uint64_t>();
+    const auto it = header.find(key);
+    if (it == header.end()) return std::nullopt;
+    return *it;
   } catch (...) {
     return std::nullopt;
   }
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> peek_round(const Message& message) noexcept {
+  const auto round = peek(message, "round");
+  if (!round || !round->is_number_unsigned()) return std::nullopt;
+  return round->get<std::uint64_t>();
+}
+
+std::optional<MessageType> peek_type(const Message& message) noexcept {
+  const auto type = peek(message, "type");
+  if (!type || !type->is_string()) return std::nullopt;
+  return parse_message_type(type->get<std::string>());
 }
 
 }  // namespace xloco::net

@@ -132,5 +132,6 @@ Envelope decode(const Message& message, std::string_view expected_run);
 // The header's round if it has a readable one; nullopt otherwise. Never throws: for routing
 // and fault injection, not for trusting the message.
 std::optional<std::uint64_t> peek_round(const Message& message) noexcept;
+std::optional<MessageType> peek_type(const Message& message) noexcept;
 
 }  // namespace xloco::net

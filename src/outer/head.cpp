@@ -9,7 +9,6 @@
 #include "common/error.h"
 #include "common/metrics.h"
 #include "common/process.h"
-#include "compress/error.h"
 #include "net/protocol.h"
 #include "outer/global_model.h"
 #include "outer/ledger.h"
@@ -47,26 +46,16 @@ struct Head::Impl {
   Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t)
       : cfg(c), opts(std::move(o)), net(std::move(t)), model(c, opts.init),
         total(common::total_rounds(c)), ledger(cfg, opts.run_dir) {
-    const auto old = common::latest_checkpoint(ckpt_root());
-    if (opts.auto_resume) {
-      spdlog::info("auto-resume: {}", old ? "continuing from " + *old
-                                          : "no checkpoint under " + ckpt_root() + ", starting the run");
-    }
-    if (opts.resume || (opts.auto_resume && old)) {
+    const auto start = decide_resume(opts.resume, opts.auto_resume,
+                                     common::latest_checkpoint(ckpt_root()), opts.run_dir);
+    XLOCO_ENFORCE(start.from != StartFrom::kRefuse, common::ConfigError, "{}", start.reason);
+    if (opts.auto_resume) spdlog::info("{}", start.reason);
+    if (start.from == StartFrom::kCheckpoint) {
       const auto st = model.resume(ckpt_root(), common::config_hash(cfg));
       ledger.restore(st, members);
       done_rounds = st.round;
-    } else if (old) {
-      throw common::ConfigError(fmt::format(
-          "run directory {} already holds checkpoint {}: pass --resume to continue it, or choose "
-          "another run.name (nothing was changed)", opts.run_dir, *old));
     }
-    if (!opts.http.empty()) {
-      status = std::make_unique<StatusServer>(opts.http);
-      common::write_file_atomic((fs::path(opts.run_dir) / "status.url").string(), status->url() + "\n");
-      spdlog::info("status: {}/status and {}/metrics (xloco status --head {})", status->url(),
-                   status->url(), status->url());
-    }
+    if (!opts.http.empty()) status = StatusServer::start(opts.http, opts.run_dir);
   }
 
   std::string ckpt_root() const { return (fs::path(opts.run_dir) / "ckpt").string(); }
@@ -181,17 +170,9 @@ struct Head::Impl {
                  live_count(members));
   }
 
-  std::optional<std::string> frame_problem(const net::Frame& payload) {
-    try {
-      return frame_mismatch(compress::Decoder().inspect(payload.data(), payload.size()), model.layout());
-    } catch (const compress::FrameError& e) {
-      return std::string(e.what());
-    }
-  }
-
   void on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
     const auto v = judge_contribution(peer, r, c.tokens, members, in_round ? &round : nullptr,
-                                      done_rounds, frame_problem(c.payload));
+                                      done_rounds, frame_problem(c.payload, model.layout()));
     if (opts.observer.contribution) opts.observer.contribution(peer, r, v);
     if (v.action == ContributionAction::kRefuse) return refuse(peer, v.code, v.reason);
     if (v.action == ContributionAction::kDrop) {
@@ -257,11 +238,11 @@ struct Head::Impl {
     done_rounds = round.round;
     RoundRecord rec = ledger.close_round(round, reason, members, closed.update.size());
     const bool last = static_cast<int>(done_rounds) >= total;
+    rec.round_wall_s = seconds_since(round.started);  // its ROUND_START to the next one
+    rec.sync_overhead = std::max(0.0, 1.0 - rec.compute_s / rec.round_wall_s);
     // The next round starts before the head evaluates or checkpoints, so providers never wait
     // for either: both overlap the providers' inner steps.
     if (!last) try_start_round();
-    rec.round_wall_s = seconds_since(round.started);  // its ROUND_START to the next one
-    rec.sync_overhead = std::max(0.0, 1.0 - rec.compute_s / rec.round_wall_s);
     model.rehash();
     rec.theta_pub_hash = model.pub_hash();
     if (last || (cfg.outer.eval_every > 0 && done_rounds % cfg.outer.eval_every == 0)) {

@@ -16,9 +16,8 @@ double seconds_since(Clock::time_point t) {
 }  // namespace
 
 RunLedger::RunLedger(const common::Config& config, const std::string& run_dir)
-    : config_(config), total_(common::total_rounds(config)) {
-  metrics_.open((std::filesystem::path(run_dir) / "metrics" / "head.jsonl").string());
-}
+    : config_(config), total_(common::total_rounds(config)),
+      metrics_path_((std::filesystem::path(run_dir) / "metrics" / "head.jsonl").string()) {}
 
 void RunLedger::count_up(Member& m, size_t bytes) {
   m.bytes_up += static_cast<double>(bytes);
@@ -61,6 +60,7 @@ void RunLedger::set_eval(double loss, const std::optional<double>& accuracy, Rou
 }
 
 void RunLedger::write_round(const RoundRecord& rec) {
+  if (!metrics_.is_open()) metrics_.open(metrics_path_);
   metrics_.write(rec);
   const uint64_t done_rounds = rec.round;
   const double per_round = uptime_s() / static_cast<double>(done_rounds - resumed_from_);

@@ -53,6 +53,7 @@ class RunLedger {
   const common::Config& config_;
   const int total_;
   const Clock::time_point started_ = Clock::now();
+  const std::string metrics_path_;  // appended to from the first round closed
   common::JsonlWriter metrics_;
   RunSummary summary_;  // bytes_up/down are the running totals
   uint64_t late_contributions_ = 0, resumed_from_ = 0;

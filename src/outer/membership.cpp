@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "compress/decoder.h"
+#include "compress/error.h"
+
 namespace xloco::outer {
 
 const char* to_string(MemberState state) {
@@ -163,6 +166,14 @@ std::optional<std::string> frame_mismatch(const compress::FrameInfo& frame,
     }
   }
   return std::nullopt;
+}
+
+std::optional<std::string> frame_problem(const net::Frame& frame, const common::FlatLayout& layout) {
+  try {
+    return frame_mismatch(compress::Decoder().inspect(frame.data(), frame.size()), layout);
+  } catch (const compress::FrameError& e) {
+    return std::string(e.what());
+  }
 }
 
 std::vector<Transition> sweep(Clock::time_point now, const Members& members,

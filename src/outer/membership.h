@@ -116,6 +116,9 @@ ContributionVerdict judge_contribution(const std::string& peer, uint64_t round, 
 // else what differs first.
 std::optional<std::string> frame_mismatch(const compress::FrameInfo& frame,
                                           const common::FlatLayout& layout);
+// frame_mismatch of an untrusted frame's header, or what makes the header unreadable (its
+// payload is not read here: values are checked when the frame is decoded).
+std::optional<std::string> frame_problem(const net::Frame& frame, const common::FlatLayout& layout);
 
 // ------------------------------------------------------------------ liveness
 

@@ -63,4 +63,20 @@ StartDecision decide_start(size_t live, const common::OuterConfig& config, bool 
                              live, need)};
 }
 
+ResumeDecision decide_resume(bool resume, bool auto_resume, const std::optional<std::string>& latest,
+                             const std::string& run_dir) {
+  if (resume) return {StartFrom::kCheckpoint, "--resume"};
+  if (auto_resume) {
+    return latest ? ResumeDecision{StartFrom::kCheckpoint, "auto-resume: continuing from " + *latest}
+                  : ResumeDecision{StartFrom::kScratch, fmt::format("auto-resume: no checkpoint under "
+                                                                    "{}/ckpt, starting the run", run_dir)};
+  }
+  if (latest) {
+    return {StartFrom::kRefuse,
+            fmt::format("run directory {} already holds checkpoint {}: pass --resume to continue "
+                        "it, or choose another run.name (nothing was changed)", run_dir, *latest)};
+  }
+  return {StartFrom::kScratch, "a new run"};
+}
+
 }  // namespace xloco::outer

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -56,5 +57,16 @@ struct StartDecision {
 // rounds need outer.min_providers live ones.
 StartDecision decide_start(size_t live, const common::OuterConfig& config, bool first_round,
                            double waited_s = 0);
+
+// How a head starts: from its run's newest checkpoint (`latest`: nullopt when there is none)
+// with --resume, or with --auto-resume when there is one; from scratch when there is none; and
+// never over a checkpoint it was not told to continue (kRefuse, with what to do instead).
+enum class StartFrom { kScratch, kCheckpoint, kRefuse };
+struct ResumeDecision {
+  StartFrom from = StartFrom::kScratch;
+  std::string reason;
+};
+ResumeDecision decide_resume(bool resume, bool auto_resume, const std::optional<std::string>& latest,
+                             const std::string& run_dir);
 
 }  // namespace xloco::outer

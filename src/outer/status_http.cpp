@@ -13,7 +13,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/metrics.h"
 
@@ -138,6 +140,14 @@ StatusServer::~StatusServer() {
   });
   impl_->ioc.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+std::unique_ptr<StatusServer> StatusServer::start(const std::string& bind, const std::string& run_dir) {
+  auto server = std::make_unique<StatusServer>(bind);
+  const std::string url = server->url();
+  common::write_file_atomic(run_dir + "/status.url", url + "\n");
+  spdlog::info("status: {}/status and {}/metrics (xloco status --head {})", url, url, url);
+  return server;
 }
 
 void StatusServer::publish(HeadStatus status) {

@@ -20,6 +20,10 @@ class StatusServer {
   StatusServer(const StatusServer&) = delete;
   StatusServer& operator=(const StatusServer&) = delete;
 
+  // Starts one on `bind` and writes its URL to RUN_DIR/status.url, where `xloco status --run`
+  // finds it.
+  static std::unique_ptr<StatusServer> start(const std::string& bind, const std::string& run_dir);
+
   void publish(HeadStatus status);
   std::string url() const;  // http://HOST:PORT
 

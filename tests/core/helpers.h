@@ -1,6 +1,7 @@
 // Shared fixtures of the core suites: a small, fast config and a scratch directory.
 #pragma once
 
+#include <csignal>
 #include <cstdlib>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -114,6 +115,28 @@ inline pid_t start_group(const std::string& args, const std::string& log) {
   return pid;
 }
 
+// A process group a test started (start_group): SIGKILLed and reaped when the test leaves its
+// scope, pass or fail, unless the test reaped it already.
+struct GroupGuard {
+  pid_t pid = -1;
+  explicit GroupGuard(pid_t p) : pid(p) {}
+  ~GroupGuard() {
+    if (pid <= 0) return;
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  // Waits for the group's leader and takes its status; the guard then has nothing left to do.
+  int wait() {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ::kill(-pid, SIGKILL);  // anything it left behind in its group
+    pid = -1;
+    return status;
+  }
+  GroupGuard(const GroupGuard&) = delete;
+  GroupGuard& operator=(const GroupGuard&) = delete;
+};
+
 // Waits (up to 3 minutes) until head.jsonl has n rounds; false if `pid` exits first.
 inline bool wait_rounds(const std::filesystem::path& head_jsonl, size_t n, pid_t pid) {
   for (int i = 0; i < 1800; ++i) {
@@ -134,16 +157,20 @@ inline bool wait_for_text(const std::string& path, const std::string& needle, do
   return false;
 }
 
-// The pid of a process whose command line contains `needle` (not this one), or -1.
-inline pid_t find_process(const std::string& needle) {
+// The pid of a process whose command line contains `needle` (not this one), or -1; with
+// `group` > 0, only among the members of that process group, which a test started itself.
+// Tests signal only what this finds in their own groups; a search of the whole machine is
+// for checking that nothing escaped, never for choosing what to signal.
+inline pid_t find_process(const std::string& needle, pid_t group = 0) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const auto name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (std::stoi(name) == ::getpid()) continue;
+    const pid_t pid = std::stoi(name);
+    if (pid == ::getpid() || (group > 0 && ::getpgid(pid) != group)) continue;
     std::ifstream in(e.path() / "cmdline");
     std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos) return std::stoi(name);
+    if (cmd.find(needle) != std::string::npos) return pid;
   }
   return -1;
 }

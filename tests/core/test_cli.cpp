@@ -12,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/config.h"
 #include "helpers.h"
 
 using namespace xloco;
@@ -42,6 +43,22 @@ TEST_SUITE("cli") {
     r = run("train --config " + config_path() + " --set inner.typo=1");
     CHECK(r.code == 2);
     CHECK(r.out.find("unknown key \"inner.typo\"") != std::string::npos);
+  }
+
+  TEST_CASE("xloco config prints the resolved config: overrides applied, defaults filled in, kinds by name") {
+    auto r = run("config --config " + config_path() + " --set outer.codec_up=int4");
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["outer"]["codec_up"] == "int4");
+    CHECK(j["outer"]["codec_down"] == "int8");          // a default the file does not set
+    CHECK(j["outer"]["deadline_multiple"] == 3.0);
+    CHECK(j["model"]["kind"] == "gpt");
+    CHECK(common::load_config(config_path(), {"outer.codec_up=int4"}).outer.codec_up ==
+          common::CodecKind::kInt4);
+    r = run("config --config " + config_path() + " --set outer.codec_up=int3");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("outer.codec_up") != std::string::npos);
+    CHECK(r.out.find("fp32, bf16, int8, int4") != std::string::npos);
   }
 
   TEST_CASE("train --nproc 2, then --resume, eval and sample from the checkpoint") {

@@ -191,22 +191,6 @@ TEST_SUITE("elastic_rules") {
     CHECK(outer::decide_start(2, c, false).start);
   }
 
-  TEST_CASE("silence past dead_after_s is death; what a rejoining provider needs is decided by its hash") {
-    common::OuterConfig c;
-    c.dead_after_s = 5;
-    CHECK(!outer::is_silent(at(104.9), at(100), c));
-    CHECK(outer::is_silent(at(105.1), at(100), c));
-    using outer::SyncAction;
-    CHECK(outer::sync_for("h7", "h7", "h6", true) == SyncAction::kNone);
-    CHECK(outer::sync_for("h6", "h7", "h6", true) == SyncAction::kUpdate);
-    CHECK(outer::sync_for("h6", "h7", "h6", false) == SyncAction::kFullState);  // no update kept
-    CHECK(outer::sync_for("h5", "h7", "h6", true) == SyncAction::kFullState);  // 2+ behind
-    CHECK(outer::sync_for("", "h7", "h6", true) == SyncAction::kFullState);    // fresh
-    CHECK(outer::is_live(outer::MemberState::kStraggling));
-    CHECK(!outer::is_live(outer::MemberState::kDead));
-    CHECK(!outer::is_live(outer::MemberState::kLeft));
-  }
-
   TEST_CASE("/metrics text passes promtool and escapes label values") {
     outer::HeadStatus s;
     s.run = "r\"1";

@@ -18,6 +18,7 @@
 #include "common/safetensors.h"
 #include "helpers.h"
 #include "inner/trainer.h"
+#include "outer/documents.h"
 #include "outer/outer_opt.h"
 #include "outer/round.h"
 
@@ -183,9 +184,36 @@ TEST_SUITE("outer") {
     INFO(l.out);
     REQUIRE(l.code == 0);
     check_replicas_agree(dir.path / "q", 2);
-    const auto summary = json::parse(std::ifstream(dir.path / "q/summary.json"));
-    CHECK(summary["bytes_vs_fp32_dp"].get<double>() < 0.1);
+    const auto summary = outer::read_document<outer::RunSummary>((dir.path / "q/summary.json").string());
+    CHECK(summary.bytes_vs_fp32_dp < 0.1);
     CHECK(l.out.find("final eval loss") != std::string::npos);
+  }
+
+  TEST_CASE("reproducible: two xloco local runs with the providers started in different orders end with the same theta_pub and eval loss") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("repro");
+    const std::string budget = " --set inner.steps=40 --set outer.inner_steps=10 --set outer.eval_every=0";
+    std::vector<outer::RunSummary> runs;
+    for (const auto& [name, order] : {std::pair{"fwd", "0,1,2"}, std::pair{"rev", "2,1,0"}}) {
+      const auto l = run_xloco("local --providers 3 --start-order " + std::string(order) +
+                               small(dir.str(), name) + budget);
+      INFO(l.out);
+      REQUIRE(l.code == 0);
+      check_replicas_agree(dir.path / name, 3);
+      runs.push_back(outer::read_document<outer::RunSummary>((dir.path / name / "summary.json").string()));
+    }
+    MESSAGE("theta_pub " << runs[0].theta_pub_hash << " / " << runs[1].theta_pub_hash);
+    CHECK(runs[0].theta_pub_hash == runs[1].theta_pub_hash);
+    CHECK(runs[0].final_eval_loss == runs[1].final_eval_loss);
+    // The shards followed the providers' names, not who connected first.
+    for (const auto* name : {"fwd", "rev"}) {
+      const auto st = outer::read_document<outer::HeadCheckpointState>(
+          (dir.path / name / "ckpt/round-000004/state.json").string());
+      for (int i = 0; i < 3; ++i) CHECK(st.members.at("provider-" + std::to_string(i)).shard == i);
+    }
   }
 }
 
@@ -206,12 +234,12 @@ TEST_SUITE("outer_faults") {
                              " --set outer.checkpoint_every=1000";
     const auto log = dir.str() + "/first.log";
     const pid_t pid = start_group(args, log);
+    test::GroupGuard first(pid);
     REQUIRE(wait_rounds(dir.path / "t/metrics/head.jsonl", 2, pid));
-    const pid_t head = find_process("xloco head --config");
+    const pid_t head = find_process(" head --config", pid);  // xloco local's head, in our group
     REQUIRE(head > 0);
     kill(head, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    int status = first.wait();
     INFO(slurp(log));
     CHECK(WEXITSTATUS(status) == 130);
     std::string latest;
@@ -227,9 +255,10 @@ TEST_SUITE("outer_faults") {
                               " --set inner.steps=4000 --set outer.inner_steps=5"
                               " --set outer.checkpoint_every=1000";
     const pid_t pid2 = start_group(args2, log2);
+    test::GroupGuard second(pid2);
     REQUIRE(wait_rounds(dir.path / "t/metrics/head.jsonl", done + 2, pid2));
     kill(pid2, SIGINT);
-    waitpid(pid2, &status, 0);
+    status = second.wait();
     const auto out2 = slurp(log2);
     INFO(out2);
     CHECK(out2.find("resumed from") != std::string::npos);
@@ -248,6 +277,7 @@ TEST_SUITE("outer_faults") {
     const auto log = dir.str() + "/out.log";
     const pid_t pid = start_group("local --providers 2 --nproc 2" + small(dir.str(), "c") +
                                   " --set inner.steps=100000 --set outer.inner_steps=5", log);
+    test::GroupGuard guard(pid);
     REQUIRE(wait_rounds(dir.path / "c/metrics/head.jsonl", 1, pid));
     kill(pid, SIGINT);
     int status = 0;
@@ -258,6 +288,7 @@ TEST_SUITE("outer_faults") {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     CHECK(kill(-pid, 0) == -1);  // nothing left in the process group
     CHECK(errno == ESRCH);
-    CHECK(find_process(dir.str()) == -1);
+    CHECK(find_process(dir.str()) == -1);  // nor anywhere else (looked for, never signalled)
+    guard.pid = -1;
   }
 }

@@ -27,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 for n in head provider-0 provider-1; do "$XLOCO" keygen "$tmp/keys/$n" >/dev/null; done
 HEAD_ADDR=tcp://provider.example.org:31234
 python3 "$SRC/deploy/akash/render.py" head --keys "$tmp/keys" --image example/xloco:cpu -o "$tmp/head.sdl.yaml"
-python3 "$SRC/deploy/akash/render.py" provider --keys "$tmp/keys" --name provider-0 --gpus 8 \
+python3 "$SRC/deploy/akash/render.py" provider --keys "$tmp/keys" --name provider-0 --shard 0 --gpus 8 \
   --head "$HEAD_ADDR" --image example/xloco:cuda -o "$tmp/provider-0.sdl.yaml"
 if grep -n '{{' "$tmp"/*.sdl.yaml; then echo "placeholders left unfilled"; exit 1; fi
 NODE_PATH="$WORK/node_modules" node --test-reporter=spec "$HERE/akash/sdl.test.cjs" \

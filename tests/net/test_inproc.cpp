@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <exception>
+#include <vector>
 #include <thread>
 
 #include "cases.h"
@@ -39,6 +40,19 @@ TEST_SUITE("net.inproc") {
     CHECK(w.faults.lost() == 2);
     REQUIRE(w.head->send("alice", round_message(4)) == SendStatus::kSent);  // other direction
     CHECK(w.alice->receive(kPatience).has_value());
+  }
+
+  TEST_CASE("duplicate_next delivers exactly that many messages twice, in the direction asked") {
+    World w;
+    w.faults.duplicate_next("alice", 1, inproc::Direction::kFromPeer);
+    REQUIRE(w.alice->send(kHeadPeer, round_message(1)) == SendStatus::kSent);
+    REQUIRE(w.alice->send(kHeadPeer, round_message(2)) == SendStatus::kSent);
+    std::vector<std::uint64_t> rounds;
+    while (auto got = w.head->receive(std::chrono::milliseconds(50))) rounds.push_back(round_of(*got));
+    CHECK(rounds == std::vector<std::uint64_t>{1, 1, 2});
+    REQUIRE(w.head->send("alice", round_message(3)) == SendStatus::kSent);  // other direction: once
+    CHECK(w.alice->receive(kPatience).has_value());
+    CHECK(!w.alice->receive(std::chrono::milliseconds(50)).has_value());
   }
 
   TEST_CASE("delay holds messages back, in order") {

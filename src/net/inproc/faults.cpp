@@ -11,6 +11,15 @@ void Faults::drop_next(const PeerId& peer, std::size_t count, Direction directio
   if (direction != Direction::kFromPeer) link.drop_to += count;
 }
 
+void Faults::duplicate_next(const PeerId& peer, std::size_t count, Direction direction,
+                            std::optional<MessageType> type) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Link& link = links_[peer];
+  link.duplicate_type = type;
+  if (direction != Direction::kToPeer) link.duplicate_from += count;
+  if (direction != Direction::kFromPeer) link.duplicate_to += count;
+}
+
 void Faults::delay(const PeerId& peer, std::chrono::milliseconds delay, Direction direction) {
   std::lock_guard<std::mutex> lock(mutex_);
   Link& link = links_[peer];
@@ -70,7 +79,11 @@ Faults::Verdict Faults::on_message(const PeerId& peer, bool from_peer, const Mes
     ++lost_;
     return {false, {}};
   }
-  return {true, from_peer ? link.delay_from : link.delay_to};
+  std::size_t& duplicates = from_peer ? link.duplicate_from : link.duplicate_to;
+  const bool twice = duplicates > 0 && (!link.duplicate_type || peek_type(message) == link.duplicate_type);
+  if (twice) --duplicates;
+  const int copies = twice ? 2 : 1;
+  return {true, from_peer ? link.delay_from : link.delay_to, copies};
 }
 
 }  // namespace xloco::net::inproc

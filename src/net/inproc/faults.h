@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "net/inproc/options.h"
+#include "net/protocol.h"
 #include "net/transport.h"
 
 namespace xloco::net::inproc {
@@ -20,6 +21,10 @@ class Faults {
  public:
   // Silently loses the next `count` messages on the link.
   void drop_next(const PeerId& peer, std::size_t count, Direction direction = Direction::kBoth);
+  // Delivers each of the next `count` messages on the link (of `type` only, when given) twice,
+  // as a retransmission would.
+  void duplicate_next(const PeerId& peer, std::size_t count, Direction direction = Direction::kBoth,
+                      std::optional<MessageType> type = std::nullopt);
   // Delivers every later message on the link `delay` after it was sent.
   void delay(const PeerId& peer, std::chrono::milliseconds delay,
              Direction direction = Direction::kBoth);
@@ -39,6 +44,7 @@ class Faults {
   struct Verdict {
     bool deliver = true;
     std::chrono::milliseconds delay{0};
+    int copies = 1;  // 2 for a duplicated message
   };
   Verdict on_message(const PeerId& peer, bool from_peer, const Message& message);
 
@@ -46,6 +52,9 @@ class Faults {
   struct Link {
     std::size_t drop_from = 0;
     std::size_t drop_to = 0;
+    std::size_t duplicate_from = 0;
+    std::size_t duplicate_to = 0;
+    std::optional<MessageType> duplicate_type;
     std::chrono::milliseconds delay_from{0};
     std::chrono::milliseconds delay_to{0};
     std::optional<std::size_t> fail_at_message;

@@ -55,11 +55,12 @@ test("provider: NVIDIA h100/a100 80Gi GPUs, shm and persistent storage, env for 
   const runs = svc.resources.storage.find((s) => s.name === "runs");
   assert.ok(runs.attributes.some((a) => a.key === "persistent" && a.value === "true"));
   assert.ok(svc.expose.every((e) => e.global === false), "a provider exposes nothing globally");
-  for (const name of ["XLOCO_CONFIG", "XLOCO_SET", "XLOCO_HEAD", "XLOCO_HEAD_PUB", "XLOCO_NAME", "XLOCO_KEY", "XLOCO_NPROC"]) {
+  for (const name of ["XLOCO_CONFIG", "XLOCO_SET", "XLOCO_HEAD", "XLOCO_HEAD_PUB", "XLOCO_NAME", "XLOCO_SHARD", "XLOCO_KEY", "XLOCO_NPROC"]) {
     assert.ok(envNames(svc).includes(name), `env ${name}`);
   }
   assert.equal(envValue(svc, "XLOCO_HEAD"), headAddress);
   assert.equal(envValue(svc, "XLOCO_NPROC"), "8", "one rank per GPU");
+  assert.equal(envValue(svc, "XLOCO_SHARD"), "0", "the shard is pinned, not first come first served");
   assert.match(envValue(svc, "XLOCO_SET"), /run\.device=auto/);
   // The deployment group the provider bids on carries the same GPU attributes.
   const res = sdl.groups()[0].resources[0].resource;

@@ -1,0 +1,337 @@
+// The head's membership rules and its aggregation, and the provider leader's rules: pure
+// functions with an injected clock, no sockets. One case per rule, each failing if its rule is
+// taken out.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "compress/encoder.h"
+#include "compress/torch_adapter.h"
+#include "outer/aggregate.h"
+#include "outer/leader_rules.h"
+#include "outer/membership.h"
+
+// Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
+#include <doctest/doctest.h>
+
+using namespace xloco;
+using namespace xloco::outer;
+using net::RefusalCode;
+
+namespace {
+
+Clock::time_point clock_at(double s) {
+  return Clock::time_point{} + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+common::OuterConfig three_shards() {
+  common::OuterConfig c;
+  c.providers = 3;
+  c.min_providers = 2;
+  c.dead_after_s = 5;
+  return c;
+}
+
+Member live(int shard, double seen_s, MemberState state = MemberState::kActive) {
+  Member m;
+  m.shard = shard;
+  m.state = state;
+  m.last_seen = clock_at(seen_s);
+  return m;
+}
+
+net::Hello hello(const std::string& name, int64_t shard = -1, const std::string& hash = "") {
+  return net::Hello{name, "cfg", 0, hash, shard};
+}
+
+RunPosition position() { return {"cfg", 7, "h7", "h6", true}; }
+
+RoundState round_of(uint64_t r, std::set<std::string> active) {
+  RoundState s;
+  s.round = r;
+  s.started = clock_at(100);
+  s.active = std::move(active);
+  return s;
+}
+
+}  // namespace
+
+TEST_SUITE("membership") {
+  TEST_CASE("admission: a config hash other than the run's is refused by code") {
+    auto h = hello("p0");
+    h.config_hash = "other";
+    const auto a = admit("p0", h, {}, position(), three_shards());
+    CHECK(!a.admit);
+    CHECK(a.code == RefusalCode::kConfigHash);
+    CHECK(a.reason.find("other") != std::string::npos);
+  }
+
+  TEST_CASE("admission: a shard the run does not have is refused; a free asked-for shard is granted") {
+    auto a = admit("p0", hello("p0", 3), {}, position(), three_shards());
+    CHECK(!a.admit);
+    CHECK(a.code == RefusalCode::kBadShard);
+    a = admit("p0", hello("p0", 2), {}, position(), three_shards());
+    REQUIRE(a.admit);
+    CHECK(a.shard == 2);  // not the lowest free one: the one it asked for
+  }
+
+  TEST_CASE("admission: shards follow names, not arrival; a taken shard falls back to the lowest free one, saying whose it is") {
+    const Members m = {{"p2", live(2, 0)}};
+    auto a = admit("p0", hello("p0", 0), m, position(), three_shards());
+    CHECK(a.shard == 0);
+    a = admit("p1", hello("p1", 2), m, position(), three_shards());
+    REQUIRE(a.admit);
+    CHECK(a.shard == 0);
+    CHECK(a.reason.find("shard 2 is p2's") != std::string::npos);
+    a = admit("p1", hello("p1"), m, position(), three_shards());  // any: the lowest free one
+    CHECK(a.shard == 0);
+  }
+
+  TEST_CASE("admission: a rejoining provider keeps its shard, even one it did not ask for") {
+    const Members m = {{"p0", live(1, 3)}};
+    const auto a = admit("p0", hello("p0", 2), m, position(), three_shards());
+    REQUIRE(a.admit);
+    CHECK(a.shard == 1);
+    CHECK(!a.fresh);
+    CHECK(a.reason.find("rejoined") != std::string::npos);
+  }
+
+  TEST_CASE("admission: every shard taken (dead members keep theirs) is kFull") {
+    const Members m = {{"a", live(0, 0)}, {"b", live(1, 0, MemberState::kDead)}, {"c", live(2, 0)}};
+    const auto a = admit("d", hello("d"), m, position(), three_shards());
+    CHECK(!a.admit);
+    CHECK(a.code == RefusalCode::kFull);
+  }
+
+  TEST_CASE("admission: shared_data puts every provider on shard 0") {
+    auto c = three_shards();
+    c.shared_data = true;
+    const Members m = {{"a", live(0, 0)}, {"b", live(0, 0)}, {"c", live(0, 0)}};
+    const auto a = admit("d", hello("d"), m, position(), c);
+    REQUIRE(a.admit);
+    CHECK(a.shard == 0);
+  }
+
+  TEST_CASE("admission: what it is sent follows the hash it holds; a member known only from a checkpoint is fresh") {
+    Members m;
+    m["p0"].shard = 0;  // restored from a checkpoint: never seen by this head process
+    CHECK(admit("p0", hello("p0", 0, "h7"), m, position(), three_shards()).sync == SyncAction::kNone);
+    CHECK(admit("p0", hello("p0", 0, "h6"), m, position(), three_shards()).sync == SyncAction::kUpdate);
+    CHECK(admit("p0", hello("p0", 0, "h5"), m, position(), three_shards()).sync == SyncAction::kFullState);
+    CHECK(admit("p0", hello("p0", 0, ""), m, position(), three_shards()).sync == SyncAction::kFullState);
+    auto no_update = position();
+    no_update.have_last_update = false;
+    CHECK(admit("p0", hello("p0", 0, "h6"), m, no_update, three_shards()).sync == SyncAction::kFullState);
+    CHECK(admit("p0", hello("p0", 0, "h7"), m, position(), three_shards()).fresh);
+  }
+
+  TEST_CASE("contribution: from a non-member or a dead member, refused with rejoin") {
+    const Members m = {{"dead", live(0, 0, MemberState::kDead)}};
+    const auto open = round_of(8, {"dead"});
+    for (const char* who : {"stranger", "dead"}) {
+      const auto v = judge_contribution(who, 8, 100, m, &open, 7, std::nullopt);
+      CHECK(v.action == ContributionAction::kRefuse);
+      CHECK(v.code == RefusalCode::kRejoin);
+    }
+  }
+
+  TEST_CASE("contribution: a round that has not started, or round 0, is refused as future") {
+    const Members m = {{"p0", live(0, 0)}};
+    const auto open = round_of(8, {"p0"});
+    CHECK(judge_contribution("p0", 9, 100, m, &open, 7, std::nullopt).code == RefusalCode::kFutureRound);
+    CHECK(judge_contribution("p0", 0, 100, m, &open, 7, std::nullopt).code == RefusalCode::kFutureRound);
+    // Between rounds the next one (done + 1) is not future: it is late for nothing, but not refused.
+    CHECK(judge_contribution("p0", 9, 100, m, nullptr, 7, std::nullopt).code == RefusalCode::kFutureRound);
+    CHECK(judge_contribution("p0", 8, 100, m, nullptr, 7, std::nullopt).action == ContributionAction::kDrop);
+  }
+
+  TEST_CASE("contribution: a closed round's, or a second one, is dropped and counted late") {
+    const Members m = {{"p0", live(0, 0)}};
+    auto open = round_of(8, {"p0"});
+    auto v = judge_contribution("p0", 7, 100, m, &open, 7, std::nullopt);
+    CHECK(v.action == ContributionAction::kDrop);
+    CHECK(v.late);
+    open.contributed["p0"] = 100;
+    v = judge_contribution("p0", 8, 100, m, &open, 7, std::nullopt);
+    CHECK(v.action == ContributionAction::kDrop);
+    CHECK(v.late);
+    CHECK(v.reason.find("duplicate") != std::string::npos);
+  }
+
+  TEST_CASE("contribution: from a provider that joined after the round started, dropped, not late") {
+    const Members m = {{"p0", live(0, 0)}, {"new", live(1, 0, MemberState::kJoining)}};
+    const auto open = round_of(8, {"p0"});
+    const auto v = judge_contribution("new", 8, 100, m, &open, 7, std::nullopt);
+    CHECK(v.action == ContributionAction::kDrop);
+    CHECK(!v.late);
+  }
+
+  TEST_CASE("contribution: zero tokens, or a frame that does not fit the model, refused by code") {
+    const Members m = {{"p0", live(0, 0)}};
+    const auto open = round_of(8, {"p0"});
+    CHECK(judge_contribution("p0", 8, 0, m, &open, 7, std::nullopt).code == RefusalCode::kBadTokens);
+    const auto v = judge_contribution("p0", 8, 100, m, &open, 7, std::string("tensor 0 is x [3]"));
+    CHECK(v.action == ContributionAction::kRefuse);
+    CHECK(v.code == RefusalCode::kBadFrame);
+    CHECK(v.reason.find("tensor 0 is x [3]") != std::string::npos);
+    CHECK(judge_contribution("p0", 8, 100, m, &open, 7, std::nullopt).action == ContributionAction::kAccept);
+  }
+
+  TEST_CASE("frame_mismatch names the first tensor whose name or shape differs") {
+    common::FlatLayout layout;
+    layout.append("w", {4, 3});
+    layout.append("b", {3});
+    compress::FrameInfo f;
+    f.tensors = {{"w", {4, 3}, 12, 0, 0}, {"b", {3}, 3, 0, 0}};
+    CHECK(!frame_mismatch(f, layout));
+    f.tensors[1].shape = {4};
+    REQUIRE(frame_mismatch(f, layout));
+    CHECK(frame_mismatch(f, layout)->find("tensor 1 is b [4], the model's is b [3]") != std::string::npos);
+    f.tensors.pop_back();
+    CHECK(frame_mismatch(f, layout)->find("carries 1 tensors, the model has 2") != std::string::npos);
+  }
+
+  TEST_CASE("liveness: live members silent past dead_after_s are dead; the dead and the left are not judged again") {
+    const Members m = {{"quiet", live(0, 100)}, {"chatty", live(1, 104)},
+                       {"gone", live(2, 0, MemberState::kDead)}, {"bye", live(3, 0, MemberState::kLeft)}};
+    const auto t = sweep(clock_at(105.5), m, three_shards());
+    REQUIRE(t.size() == 1);
+    CHECK(t[0].name == "quiet");
+    CHECK(t[0].to == MemberState::kDead);
+    CHECK(t[0].reason.find("silent for 5.5s") != std::string::npos);
+  }
+
+  TEST_CASE("liveness: at a round's close the active members that did not contribute are straggling") {
+    auto r = round_of(8, {"a", "b", "c"});
+    r.contributed = {{"a", 1}, {"c", 1}};
+    const auto t = stragglers(r, "deadline");
+    REQUIRE(t.size() == 1);
+    CHECK(t[0].name == "b");
+    CHECK(t[0].to == MemberState::kStraggling);
+    CHECK(t[0].reason == "missed round 8 (deadline)");
+  }
+
+  TEST_CASE("liveness: time the head could not listen is forgiven, never past now; short gaps are not") {
+    CHECK(forgiven(clock_at(100), clock_at(110), std::chrono::milliseconds(500)) == clock_at(100));
+    CHECK(forgiven(clock_at(100), clock_at(110), std::chrono::seconds(4)) == clock_at(104));
+    CHECK(forgiven(clock_at(100), clock_at(110), std::chrono::seconds(30)) == clock_at(110));
+  }
+
+  TEST_CASE("aggregation order: by shard, then name, whatever the set's order") {
+    const Members m = {{"zeta", live(0, 0)}, {"alpha", live(2, 0)}, {"mid", live(1, 0)}, {"beta", live(2, 0)}};
+    const auto r = round_of(1, {"alpha", "beta", "mid", "zeta"});
+    CHECK(aggregation_order(r, m) == std::vector<std::string>{"zeta", "mid", "alpha", "beta"});
+  }
+}
+
+namespace {
+
+// fp32 frames of one tensor whose sum depends on the order of addition.
+net::Frame frame_of(const common::FlatLayout& layout, const std::vector<float>& values) {
+  compress::CodecConfig cc;
+  cc.codec = compress::Codec::kFp32;
+  cc.error_feedback = false;
+  compress::Encoder enc(cc);
+  auto t = torch::tensor(values);
+  std::vector<uint8_t> frame;
+  compress::encode(enc, layout, t, frame);
+  return net::Frame(std::move(frame));
+}
+
+std::vector<float> sum_in(Aggregator& agg, const std::vector<std::pair<std::string, net::Frame>>& arrivals) {
+  agg.begin({"a", "b", "c"});
+  for (const auto& [peer, f] : arrivals) CHECK(agg.add(peer, f, 100).empty());
+  CHECK(agg.finish().empty());
+  const auto& d = agg.delta();
+  return std::vector<float>(d.data_ptr<float>(), d.data_ptr<float>() + d.numel());
+}
+
+}  // namespace
+
+TEST_SUITE("membership") {
+  TEST_CASE("aggregation: Δ has the same bits whatever order the contributions arrive in") {
+    common::FlatLayout layout;
+    layout.append("w", {2});
+    // (1e8 + 1) + -1e8 = 0 but (-1e8 + 1e8) + 1 = 1 in fp32: the order of addition shows.
+    const auto a = frame_of(layout, {1e8f, 0.1f});
+    const auto b = frame_of(layout, {1.0f, 0.2f});
+    const auto c = frame_of(layout, {-1e8f, 0.3f});
+    Aggregator agg(layout);
+    const auto abc = sum_in(agg, {{"a", a}, {"b", b}, {"c", c}});
+    const auto cab = sum_in(agg, {{"c", c}, {"a", a}, {"b", b}});
+    const auto bca = sum_in(agg, {{"b", b}, {"c", c}, {"a", a}});
+    CHECK(std::memcmp(abc.data(), cab.data(), 8) == 0);
+    CHECK(std::memcmp(abc.data(), bca.data(), 8) == 0);
+    CHECK(abc[0] == doctest::Approx(0.0f));  // a + b + c in that order, divided by 3
+  }
+
+  TEST_CASE("aggregation: a frame waits, compressed, for those ahead of it; a skipped provider unblocks it") {
+    common::FlatLayout layout;
+    layout.append("w", {2});
+    Aggregator agg(layout);
+    agg.begin({"a", "b"});
+    CHECK(agg.add("b", frame_of(layout, {2, 4}), 100).empty());
+    CHECK(agg.added() == 0);
+    CHECK(agg.held_bytes() > 0);
+    CHECK(agg.skip("a").empty());  // a died: b's turn
+    CHECK(agg.added() == 1);
+    CHECK(agg.held_bytes() == 0);
+    CHECK(agg.finish().empty());
+    CHECK(agg.delta()[1].item<float>() == 4);
+  }
+
+  TEST_CASE("aggregation: weights are tokens relative to the first added; a bad frame is rejected and leaves Δ as it was") {
+    common::FlatLayout layout;
+    layout.append("w", {2});
+    Aggregator agg(layout);
+    agg.begin({"a", "b", "c"});
+    CHECK(agg.add("a", frame_of(layout, {1, 1}), 100).empty());
+    CHECK(agg.add("b", frame_of(layout, {4, 4}), 300).empty());  // weight 3
+    auto junk = frame_of(layout, {0, 0}).to_vector();
+    std::memset(junk.data() + junk.size() - 4, 0xff, 4);  // the payload's last value is a NaN now
+    const auto rejected = agg.add("c", net::Frame(junk), 100);
+    REQUIRE(rejected.size() == 1);
+    CHECK(rejected[0].peer == "c");
+    CHECK(agg.finish().empty());
+    CHECK(agg.added() == 2);
+    CHECK(agg.delta()[0].item<float>() == doctest::Approx((1 + 3 * 4) / 4.0));
+  }
+}
+
+TEST_SUITE("membership") {
+  TEST_CASE("leader: the next round runs, another one resyncs, nothing runs while resynchronising") {
+    LeaderState s{7, false, 1, 3};
+    CHECK(on_head_message(s, {"r", 8, net::RoundStart{}}).action == LeaderAction::kRunRound);
+    CHECK(on_head_message(s, {"r", 9, net::RoundStart{}}).action == LeaderAction::kResync);
+    s.rejoining = true;
+    CHECK(on_head_message(s, {"r", 8, net::RoundStart{}}).action == LeaderAction::kIgnore);
+  }
+
+  TEST_CASE("leader: the update closing its round applies; a later one resyncs; an older one is ignored") {
+    const LeaderState s{7, false, 1, 3};
+    CHECK(on_head_message(s, {"r", 8, net::Update{}}).action == LeaderAction::kApplyUpdate);
+    CHECK(on_head_message(s, {"r", 10, net::Update{}}).action == LeaderAction::kResync);
+    CHECK(on_head_message(s, {"r", 7, net::Update{}}).action == LeaderAction::kIgnore);
+  }
+
+  TEST_CASE("leader: WELCOME on its shard is a rejoin, on another shard fatal; BYE stops") {
+    const LeaderState s{7, true, 1, 3};
+    CHECK(on_head_message(s, {"r", 7, net::Welcome{{}, 1, 3}}).action == LeaderAction::kRejoined);
+    const auto moved = on_head_message(s, {"r", 7, net::Welcome{{}, 2, 3}});
+    CHECK(moved.action == LeaderAction::kFatal);
+    CHECK(moved.reason.find("shard 1/3 to 2/3") != std::string::npos);
+    CHECK(on_head_message(s, {"r", 7, net::Bye{"done"}}).action == LeaderAction::kStop);
+  }
+
+  TEST_CASE("leader: rejoin refusals resync once; config, shard and full refusals are fatal; others reported") {
+    LeaderState s{7, false, 1, 3};
+    CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kRejoin, "who?"}}).action == LeaderAction::kResync);
+    for (const auto code : {RefusalCode::kConfigHash, RefusalCode::kFull, RefusalCode::kBadShard}) {
+      CHECK(on_head_message(s, {"r", 7, net::ErrorReply{code, "no"}}).action == LeaderAction::kFatal);
+    }
+    CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kBadFrame, "bad"}}).action == LeaderAction::kReport);
+    s.rejoining = true;
+    CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kRejoin, "who?"}}).action == LeaderAction::kIgnore);
+  }
+}
