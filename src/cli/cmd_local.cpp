@@ -92,6 +92,22 @@ void print_summary(const fs::path& run_dir, double wall) {
       common::human_duration(wall), (run_dir / "ckpt").string());
 }
 
+// provider-i's command line: shard i, its own key.
+std::vector<std::string> worker_argv(const LocalArgs& a, int i, const std::string& endpoint,
+                                     const fs::path& keys) {
+  const std::string name = fmt::format("provider-{}", i);
+  auto argv = with_overrides({common::self_exe(), "worker"}, a);
+  argv.insert(argv.end(), {"--head", endpoint, "--name", name, "--nproc", std::to_string(a.nproc),
+                           "--shard", std::to_string(i)});
+  if (a.insecure) {
+    argv.push_back("--insecure");
+  } else {
+    argv.insert(argv.end(), {"--head-pub", (keys / "head.pub").string(), "--key",
+                             (keys / (name + ".key")).string()});
+  }
+  return argv;
+}
+
 int run_local(const LocalArgs& in) {
   LocalArgs a = in;
   if (a.providers > 0) a.overrides.push_back(fmt::format("outer.providers={}", a.providers));
@@ -135,18 +151,9 @@ int run_local(const LocalArgs& in) {
       if (!a.start_order.empty() && pids.size() > 1) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
       }
-      const std::string name = fmt::format("provider-{}", i);
-      auto argv = with_overrides({exe, "worker"}, a);
-      argv.insert(argv.end(), {"--head", endpoint, "--name", name, "--nproc", std::to_string(a.nproc),
-                               "--shard", std::to_string(i)});
-      if (a.insecure) {
-        argv.push_back("--insecure");
-      } else {
-        argv.insert(argv.end(), {"--head-pub", (keys / "head.pub").string(), "--key",
-                                 (keys / (name + ".key")).string()});
-      }
-      pids.push_back(common::spawn_child({name, argv, {"XLOCO_RANKS_ON_HOST=" + std::to_string(K)}}));
-      labels.push_back(name);
+      labels.push_back(fmt::format("provider-{}", i));
+      pids.push_back(common::spawn_child({labels.back(), worker_argv(a, i, endpoint, keys),
+                                          {"XLOCO_RANKS_ON_HOST=" + std::to_string(K)}}));
     }
   } catch (const common::Error& e) {
     spdlog::error("{}", e.what());

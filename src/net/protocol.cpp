@@ -21,6 +21,15 @@ constexpr std::array<const char*, 9> kRefusalNames = {
     "malformed", "config_hash", "full", "bad_shard", "rejoin", "future_round", "bad_frame",
     "bad_tokens", "unexpected"};
 
+// The enum value whose wire name (names[value]) is `name`.
+template <typename E, std::size_t N>
+std::optional<E> parse_name(const std::array<const char*, N>& names, std::string_view name) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (name == names[i]) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
 [[noreturn]] void fail(ProtocolErrorKind kind, const std::string& what) {
   throw ProtocolError(kind, fmt::format("protocol error ({}): {}", to_string(kind), what));
 }
@@ -180,10 +189,7 @@ const char* to_string(MessageType type) {
 }
 
 std::optional<MessageType> parse_message_type(std::string_view name) {
-  for (std::size_t i = 0; i < kTypeNames.size(); ++i) {
-    if (name == kTypeNames[i]) return static_cast<MessageType>(i);
-  }
-  return std::nullopt;
+  return parse_name<MessageType>(kTypeNames, name);
 }
 
 const char* to_string(RefusalCode code) {
@@ -191,10 +197,7 @@ const char* to_string(RefusalCode code) {
 }
 
 std::optional<RefusalCode> parse_refusal_code(std::string_view name) {
-  for (std::size_t i = 0; i < kRefusalNames.size(); ++i) {
-    if (name == kRefusalNames[i]) return static_cast<RefusalCode>(i);
-  }
-  return std::nullopt;
+  return parse_name<RefusalCode>(kRefusalNames, name);
 }
 
 const char* to_string(ProtocolErrorKind kind) {

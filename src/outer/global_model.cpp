@@ -44,7 +44,12 @@ void GlobalModel::rehash() {
 }
 
 net::Frame GlobalModel::full_state() {
-  return net::Frame(state_enc_.encode(compress::const_refs(layout(), theta_pub())));
+  if (auto owner = state_owner_.lock()) return net::Frame(std::move(owner), state_data_, state_size_);
+  net::Frame frame(state_enc_.encode(compress::const_refs(layout(), theta_pub())));
+  state_owner_ = frame.owner();
+  state_data_ = frame.data();
+  state_size_ = frame.size();
+  return frame;
 }
 
 GlobalModel::Closed GlobalModel::close_round() {
@@ -54,6 +59,7 @@ GlobalModel::Closed GlobalModel::close_round() {
   torch::Tensor& delta = aggregator_.delta();
   if (aggregator_.added() > 0) opt_->step(theta_true_, delta);
   last_update_ = {};  // the previous round's update is stale now: never hold two frames
+  state_owner_.reset();  // so is a full state of the old θ_pub
   std::vector<uint8_t> frame;
   if (config_.outer.codec_down == common::CodecKind::kFp32) {
     compress::encode(down_enc_, layout(), theta_true_, frame);
@@ -109,6 +115,7 @@ HeadCheckpointState GlobalModel::resume(const std::string& root, const std::stri
                 "{}: outer momentum does not match its hash in state.json", *dir);
   pub_hash_ = state.theta_pub_hash;
   prev_hash_.clear();
+  state_owner_.reset();
   spdlog::info("resumed from {}: round {} done, theta_pub {}, momentum {}", *dir, state.round,
                state.theta_pub_hash, state.momentum_hash);
   return state;

@@ -40,7 +40,9 @@ class GlobalModel {
   // Hashes θ_pub after an update: the head calls it once the next round is under way.
   void rehash();
 
-  // θ_pub in full, fp32, for a provider that holds nothing usable.
+  // θ_pub in full, fp32, for a provider that holds nothing usable. One encoding per θ_pub is
+  // shared by every joiner while any send queue still holds it: K providers joining at once
+  // cost one state frame of memory, not K.
   net::Frame full_state();
   // The last UPDATE (empty before the first), for a provider exactly one round behind.
   const net::Frame& last_update() const { return last_update_; }
@@ -77,6 +79,9 @@ class GlobalModel {
   compress::Encoder down_enc_, state_enc_;
   compress::Decoder dec_;
   net::Frame last_update_;
+  std::weak_ptr<const void> state_owner_;  // the shared full-state frame, while it is in use
+  const uint8_t* state_data_ = nullptr;
+  size_t state_size_ = 0;
   std::string pub_hash_, prev_hash_;
 };
 
