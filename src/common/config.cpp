@@ -89,6 +89,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.start_grace_s", c.outer.start_grace_s, Range{0, 1e7});
   v("outer.heartbeat_s", c.outer.heartbeat_s, Range{0.05, 3600});
   v("outer.dead_after_s", c.outer.dead_after_s, Range{0.2, 1e7});
+  v("outer.hello_interval_s", c.outer.hello_interval_s, Range{0, 1e6});
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
 }
@@ -310,6 +311,7 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("keep_checkpoints");
   for (const char* timing : {"round_timeout_s", "deadline_multiple", "deadline_min_s",
                              "start_grace_s", "heartbeat_s", "dead_after_s", "head_timeout_s",
+                             "hello_interval_s",
                              "providers", "min_providers"}) {
     j["outer"].erase(timing);  // the head's business: providers need not agree on them
   }

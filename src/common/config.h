@@ -85,6 +85,7 @@ struct OuterConfig {
   double start_grace_s = 120;    // round 1 waits this long for all K providers, then min_providers
   double heartbeat_s = 2;        // heartbeat period, both ways
   double dead_after_s = 20;      // a provider silent this long is dead (its round goes on without it)
+  double hello_interval_s = 5;   // a member's HELLO this soon after its admission is ignored
   double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
 };

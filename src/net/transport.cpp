@@ -6,7 +6,7 @@ const char* to_string(SendStatus status) {
   switch (status) {
     case SendStatus::kSent: return "sent";
     case SendStatus::kNoPeer: return "no such peer";
-    case SendStatus::kTimeout: return "timed out";
+    case SendStatus::kFull: return "its queue is full";
   }
   return "unknown";
 }

@@ -33,6 +33,8 @@ class GlobalModel {
   const common::FlatLayout& layout() const { return evaluator_->layout(); }
   torch::Tensor& theta_pub() { return evaluator_->params(); }
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
+  // The largest codec frame of this model: every parameter in fp32 plus header and tables.
+  std::int64_t max_frame_bytes() const { return layout().bytes() + (std::int64_t{1} << 20); }
 
   // θ_pub's hash now and before the last update (what rejoining providers are judged by).
   const std::string& pub_hash() const { return pub_hash_; }

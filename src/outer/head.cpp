@@ -39,7 +39,7 @@ struct Head::Impl {
   RunLedger ledger;
   std::string last_wait_reason;
   const Clock::time_point t0 = Clock::now();
-  Clock::time_point last_heartbeat = t0, last_publish{}, last_listen = t0;
+  Clock::time_point last_heartbeat = t0, last_publish{}, last_listen = t0, listening_since = t0;
   std::unique_ptr<StatusServer> status;
   std::atomic<bool> stop_requested{false};
 
@@ -56,6 +56,10 @@ struct Head::Impl {
       done_rounds = st.round;
     }
     if (!opts.http.empty()) status = StatusServer::start(opts.http, opts.run_dir);
+    // A frame is at most the parameters in fp32 plus its tables; a peer's queue holds at most
+    // a full state and an update before it counts as not keeping up.
+    const auto frame = model.max_frame_bytes();
+    net->set_limits({frame, 2 * frame + (std::int64_t{16} << 20)});
   }
 
   std::string ckpt_root() const { return (fs::path(opts.run_dir) / "ckpt").string(); }
@@ -66,14 +70,18 @@ struct Head::Impl {
   }
 
   // ------------------------------------------------------------------ carrying out verdicts
+  // Queues a message; a peer that is gone, or whose queue is over its budget, is dead.
   void send(const std::string& peer, net::Body body, uint64_t r) {
     net::Envelope env{cfg.run.name, r, std::move(body)};
-    const auto st = net->send(peer, net::encode(env));
+    const bool urgent = env.type() == net::MessageType::kHeartbeat;
+    const auto st = net->send(peer, net::encode(env), {urgent});
     if (st == net::SendStatus::kSent) return;
     spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
     auto it = members.find(peer);
-    if (st == net::SendStatus::kNoPeer && it != members.end() && is_live(it->second.state)) {
-      set_state({peer, MemberState::kDead, "connection lost"});
+    if (it != members.end() && is_live(it->second.state)) {
+      set_state({peer, MemberState::kDead, st == net::SendStatus::kNoPeer
+                                               ? std::string("connection lost")
+                                               : "its send queue is full: it does not keep up"});
     }
   }
 
@@ -93,7 +101,10 @@ struct Head::Impl {
     m.state = t.to;
     m.reason = t.reason;
     if (opts.observer.transition) opts.observer.transition(t);
-    if (!is_live(t.to)) leave_round(t.name);
+    if (!is_live(t.to)) {
+      leave_round(t.name);
+      net->drop_queue(t.name);  // frees the frames queued for it
+    }
   }
 
   // A provider that has not contributed to the round in progress will not: it left, died, or
@@ -146,12 +157,13 @@ struct Head::Impl {
   void on_hello(const std::string& peer, const net::Hello& h, const std::string& address) {
     const RunPosition at{common::config_hash(cfg), done_rounds, model.pub_hash(), model.prev_hash(),
                          !model.last_update().empty()};
-    const Admission a = admit(peer, h, members, at, cfg.outer);
+    const Admission a = admit(Clock::now(), peer, h, members, at, net->link_state(peer), cfg.outer);
     if (opts.observer.admission) opts.observer.admission(peer, a);
+    if (a.ignore) return spdlog::debug("{}", a.reason);
     if (!a.admit) return refuse(peer, a.code, a.reason);
     Member& m = members[peer];
     m.shard = a.shard;
-    m.last_seen = Clock::now();
+    m.last_seen = m.admitted_at = Clock::now();
     m.address = address;
     leave_round(peer);
     net::Welcome w;
@@ -299,10 +311,15 @@ struct Head::Impl {
   void housekeeping() {
     const auto now = Clock::now();
     const auto gap = now - std::exchange(last_listen, now);
+    if (gap >= std::chrono::seconds(1)) listening_since = now;
+    std::map<std::string, net::LinkState> links;
     for (auto& [name, m] : members) {
-      if (is_live(m.state)) m.last_seen = forgiven(m.last_seen, now, gap);
+      if (!is_live(m.state)) continue;
+      m.last_seen = forgiven(m.last_seen, now, gap);
+      links[name] = net->link_state(name);
     }
     for (const auto& t : sweep(now, members, cfg.outer)) set_state(t);
+    for (const auto& t : stalled(now, listening_since, members, links, cfg.outer)) set_state(t);
     if (std::chrono::duration<double>(now - last_heartbeat).count() >= cfg.outer.heartbeat_s) {
       last_heartbeat = now;
       for (const auto& [name, m] : members) {

@@ -10,6 +10,7 @@ const char* to_string(LeaderAction action) {
     case LeaderAction::kApplyUpdate: return "apply update";
     case LeaderAction::kResync: return "resync";
     case LeaderAction::kRejoined: return "rejoined";
+    case LeaderAction::kRepeatHello: return "repeat hello";
     case LeaderAction::kStop: return "stop";
     case LeaderAction::kFatal: return "fatal";
     case LeaderAction::kReport: return "report";
@@ -51,7 +52,7 @@ LeaderVerdict on_head_message(const LeaderState& s, const net::Envelope& m) {
   if (const auto* e = std::get_if<net::ErrorReply>(&m.body)) {
     const std::string why = fmt::format("{} ({})", e->reason, net::to_string(e->code));
     if (e->code == net::RefusalCode::kRejoin) {
-      return {s.rejoining ? LeaderAction::kIgnore : LeaderAction::kResync, why};
+      return {s.rejoining ? LeaderAction::kRepeatHello : LeaderAction::kResync, why};
     }
     if (net::is_fatal(e->code)) return {LeaderAction::kFatal, "the head refused it: " + why};
     return {LeaderAction::kReport, "the head reports " + why};

@@ -22,6 +22,8 @@ enum class LeaderAction {
   kApplyUpdate,  // UPDATE closing the round it trained: θ_pub ← θ_pub + deq(u)
   kResync,       // it missed updates, or the head does not know it: HELLO with its θ_pub hash
   kRejoined,     // WELCOME after a resync: take the state it carries, if any, and go on
+  kRepeatHello,  // resynchronising, and the head does not know it (it restarted since the
+                 // HELLO went): HELLO again, unless one went very recently
   kStop,         // BYE: the run is over (or the head is going away)
   kFatal,        // a refusal that waiting or rejoining cannot cure, or a moved shard
   kReport,       // an ERROR worth a warning, nothing to do

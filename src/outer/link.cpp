@@ -36,6 +36,11 @@ void Link::set_progress(uint64_t round, uint64_t step, double tokens_per_s) {
   tokens_per_s_ = tokens_per_s;
 }
 
+Clock::time_point Link::last_rx() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_rx_;
+}
+
 double Link::head_silent_s() const {
   std::lock_guard<std::mutex> lock(mu_);
   return std::chrono::duration<double>(Clock::now() - last_rx_).count();
@@ -59,7 +64,7 @@ void Link::loop() {
     if (stop) return;  // after the last posts (a BYE) went out
     if (std::chrono::duration<double>(Clock::now() - last_beat).count() >= heartbeat_s_) {
       last_beat = Clock::now();
-      send(net::encode(net::Envelope{run_, round, beat}));
+      send(net::encode(net::Envelope{run_, round, beat}), /*urgent=*/true);
     }
     auto rx = net_->receive(std::chrono::milliseconds(20));
     if (!rx) continue;
@@ -75,8 +80,8 @@ void Link::loop() {
   }
 }
 
-void Link::send(const net::Message& m) {
-  const auto st = net_->send(net::kHeadPeer, m);
+void Link::send(const net::Message& m, bool urgent) {
+  const auto st = net_->send(net::kHeadPeer, m, {urgent});
   if (st != net::SendStatus::kSent) {
     spdlog::warn("message to the head at {}: {}", net_->endpoint(), net::to_string(st));
   }

@@ -1,6 +1,7 @@
 // A provider leader's link to the head, on its own thread: it sends what the leader posts,
 // sends a HEARTBEAT every outer.heartbeat_s (so a provider deep in its inner steps is not taken
-// for dead), and queues what arrives, decoded. The transport is used from this thread only.
+// for dead; urgent, so they pass a long transfer), and queues what arrives, decoded. The
+// transport is used from this thread only.
 #pragma once
 
 #include <chrono>
@@ -33,11 +34,12 @@ class Link {
   // What the heartbeats report.
   void set_progress(uint64_t round, uint64_t step, double tokens_per_s);
   double head_silent_s() const;  // since anything last came from the head
+  Clock::time_point last_rx() const;
   std::string endpoint() const { return net_->endpoint(); }
 
  private:
   void loop();
-  void send(const net::Message& m);
+  void send(const net::Message& m, bool urgent = false);
 
   std::unique_ptr<net::Transport> net_;
   const std::string run_;

@@ -68,8 +68,9 @@ ShardChoice choose_shard(const std::string& peer, int64_t requested, const Membe
   return {-1, note};
 }
 
-Admission admit(const std::string& peer, const net::Hello& hello, const Members& members,
-                const RunPosition& run, const common::OuterConfig& config) {
+Admission admit(Clock::time_point now, const std::string& peer, const net::Hello& hello,
+                const Members& members, const RunPosition& run, const net::LinkState& link,
+                const common::OuterConfig& config) {
   Admission a;
   if (hello.config_hash != run.config_hash) {
     a.code = net::RefusalCode::kConfigHash;
@@ -84,6 +85,21 @@ Admission admit(const std::string& peer, const net::Hello& hello, const Members&
                            peer, hello.shard, config.providers - 1, config.providers);
     return a;
   }
+  const auto it = members.find(peer);
+  if (it != members.end() && is_live(it->second.state) &&
+      it->second.admitted_at != Clock::time_point{}) {
+    const double since = std::chrono::duration<double>(now - it->second.admitted_at).count();
+    if (link.queued_bytes > 0 || since < config.hello_interval_s) {
+      a.ignore = true;
+      a.reason = link.queued_bytes > 0
+                     ? fmt::format("a repeated HELLO from {} while {} bytes of its WELCOME are on "
+                                   "their way: ignored", peer, link.queued_bytes)
+                     : fmt::format("a repeated HELLO from {} {:.1f}s after its admission "
+                                   "(outer.hello_interval_s {:g}): ignored",
+                                   peer, since, config.hello_interval_s);
+      return a;
+    }
+  }
   const ShardChoice shard = choose_shard(peer, hello.shard, members, config);
   if (shard.shard < 0) {
     a.code = net::RefusalCode::kFull;
@@ -91,7 +107,6 @@ Admission admit(const std::string& peer, const net::Hello& hello, const Members&
                            shard.note.empty() ? "" : " (" + shard.note + ")");
     return a;
   }
-  const auto it = members.find(peer);
   a.admit = true;
   a.shard = shard.shard;
   a.fresh = it == members.end() || it->second.last_seen == Clock::time_point{};
@@ -185,6 +200,25 @@ std::vector<Transition> sweep(Clock::time_point now, const Members& members,
                      fmt::format("silent for {:.1f}s (outer.dead_after_s {:g})",
                                  std::chrono::duration<double>(now - m.last_seen).count(),
                                  config.dead_after_s)});
+    }
+  }
+  return out;
+}
+
+std::vector<Transition> stalled(Clock::time_point now, Clock::time_point listening_since,
+                                const Members& members,
+                                const std::map<std::string, net::LinkState>& links,
+                                const common::OuterConfig& config) {
+  std::vector<Transition> out;
+  for (const auto& [name, link] : links) {
+    const auto m = members.find(name);
+    if (m == members.end() || !is_live(m->second.state) || link.queued_bytes == 0) continue;
+    const double s = std::chrono::duration<double>(now - std::max(link.last_progress, listening_since)).count();
+    if (s > config.dead_after_s) {
+      out.push_back({name, MemberState::kDead,
+                     fmt::format("its link took nothing for {:.1f}s with {} bytes queued "
+                                 "(outer.dead_after_s {:g}): it does not keep up",
+                                 s, link.queued_bytes, config.dead_after_s)});
     }
   }
   return out;

@@ -15,6 +15,7 @@
 #include "common/layout.h"
 #include "compress/frame.h"
 #include "net/protocol.h"
+#include "net/transport.h"
 #include "outer/documents.h"
 #include "outer/round.h"
 
@@ -34,6 +35,7 @@ struct Member {
   MemberState state = MemberState::kDead;  // not live until its HELLO
   std::string reason;                      // why it is in that state
   Clock::time_point last_seen{};           // epoch until its first HELLO to this head process
+  Clock::time_point admitted_at{};         // its last admission (WELCOME) by this head process
   uint64_t last_round = 0;                 // last round it contributed to
   uint64_t tokens = 0;                     // contributed over the run
   uint64_t step = 0;                       // from its heartbeats
@@ -82,14 +84,20 @@ ShardChoice choose_shard(const std::string& peer, int64_t requested, const Membe
 
 struct Admission {
   bool admit = false;
+  bool ignore = false;  // neither admitted nor refused: a repeated HELLO, left unanswered
   net::RefusalCode code = net::RefusalCode::kFull;  // when refused
   int shard = -1;
   SyncAction sync = SyncAction::kFullState;
   bool fresh = false;   // its first HELLO to this head process (joined, not rejoined)
   std::string reason;   // refusal, or how it was admitted
 };
-Admission admit(const std::string& peer, const net::Hello& hello, const Members& members,
-                const RunPosition& run, const common::OuterConfig& config);
+// `link` is what the head's transport still holds for `peer`. A HELLO repeated while the
+// WELCOME of the last one is still queued for the peer, or within outer.hello_interval_s of
+// its last admission, is ignored: answering it would queue another state for a link that
+// has not taken the first.
+Admission admit(Clock::time_point now, const std::string& peer, const net::Hello& hello,
+                const Members& members, const RunPosition& run, const net::LinkState& link,
+                const common::OuterConfig& config);
 
 // ------------------------------------------------------------------ contributions
 
@@ -130,6 +138,13 @@ struct Transition {
 // Live members silent past outer.dead_after_s are dead.
 std::vector<Transition> sweep(Clock::time_point now, const Members& members,
                               const common::OuterConfig& config);
+// Live members whose link took nothing of what is queued for them for outer.dead_after_s are
+// dead: they do not keep up, as a silent one does not answer. The stall counts from
+// `listening_since` at the earliest (time the head did not move its queues is not theirs).
+std::vector<Transition> stalled(Clock::time_point now, Clock::time_point listening_since,
+                                const Members& members,
+                                const std::map<std::string, net::LinkState>& links,
+                                const common::OuterConfig& config);
 // At a round's close, the active members that did not contribute are straggling.
 std::vector<Transition> stragglers(const RoundState& round, const std::string& why);
 // A member silent only because the head could not listen for `gap` (a checkpoint's fsync, a

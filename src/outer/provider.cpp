@@ -92,6 +92,7 @@ class Leader {
         }
         case LeaderAction::kResync: resync(theta_pub, v.reason); break;
         case LeaderAction::kRejoined: rejoined(*env, theta_pub, layout, v.reason); break;
+        case LeaderAction::kRepeatHello: repeat_hello(5.0); break;
         case LeaderAction::kStop: spdlog::info("provider {}: {}", opts_.name, v.reason); return 0;
         case LeaderAction::kFatal: throw common::Error(fmt::format("provider {}: {}", opts_.name, v.reason));
         case LeaderAction::kReport: spdlog::warn("provider {}: {}", opts_.name, v.reason); break;
@@ -168,11 +169,15 @@ class Leader {
     } else if (silent < cfg_.outer.heartbeat_s) {
       head_quiet_ = false;
     }
-    // A HELLO may have gone to a head that died before answering: ask again now and then.
-    if (state_.rejoining && std::chrono::duration<double>(Clock::now() - last_hello_).count() >
-                                std::max(10.0, cfg_.outer.dead_after_s)) {
-      hello(last_hash_);
+    // A HELLO may have gone to a head that died before answering: ask again when nothing
+    // has come since. (A head that is sending knows of it: a WELCOME is on its way.)
+    if (state_.rejoining && link_.last_rx() < last_hello_) {
+      repeat_hello(std::max(10.0, cfg_.outer.dead_after_s));
     }
+  }
+
+  void repeat_hello(double after_s) {
+    if (std::chrono::duration<double>(Clock::now() - last_hello_).count() > after_s) hello(last_hash_);
   }
 
   const common::Config& cfg_;

@@ -240,9 +240,9 @@ TEST_SUITE("inproc_run") {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    // Messages in flight count against the head's queue: 0.6 s of heartbeats every 0.1 s must
-    // fit, or every sender blocks behind them (the head's blocking sends are issue 14's).
-    ThreadedRun run("thr-late", 3, net::inproc::NetworkOptions{64});
+    // Messages in flight count against the head's mailbox (capacity 8): 0.6 s of heartbeats
+    // every 0.1 s do not fit, so senders' messages wait in their outboxes, and no one waits.
+    ThreadedRun run("thr-late", 3);
     run.cfg.outer.deadline_min_s = 0.3;
     run.cfg.outer.deadline_multiple = 2;
     run.cfg.outer.dead_after_s = 5;  // its heartbeats are late too, but it is not dead

@@ -61,36 +61,36 @@ TEST_SUITE("membership") {
   TEST_CASE("admission: a config hash other than the run's is refused by code") {
     auto h = hello("p0");
     h.config_hash = "other";
-    const auto a = admit("p0", h, {}, position(), three_shards());
+    const auto a = admit(clock_at(200), "p0", h, {}, position(), net::LinkState{}, three_shards());
     CHECK(!a.admit);
     CHECK(a.code == RefusalCode::kConfigHash);
     CHECK(a.reason.find("other") != std::string::npos);
   }
 
   TEST_CASE("admission: a shard the run does not have is refused; a free asked-for shard is granted") {
-    auto a = admit("p0", hello("p0", 3), {}, position(), three_shards());
+    auto a = admit(clock_at(200), "p0", hello("p0", 3), {}, position(), net::LinkState{}, three_shards());
     CHECK(!a.admit);
     CHECK(a.code == RefusalCode::kBadShard);
-    a = admit("p0", hello("p0", 2), {}, position(), three_shards());
+    a = admit(clock_at(200), "p0", hello("p0", 2), {}, position(), net::LinkState{}, three_shards());
     REQUIRE(a.admit);
     CHECK(a.shard == 2);  // not the lowest free one: the one it asked for
   }
 
   TEST_CASE("admission: shards follow names, not arrival; a taken shard falls back to the lowest free one, saying whose it is") {
     const Members m = {{"p2", live(2, 0)}};
-    auto a = admit("p0", hello("p0", 0), m, position(), three_shards());
+    auto a = admit(clock_at(200), "p0", hello("p0", 0), m, position(), net::LinkState{}, three_shards());
     CHECK(a.shard == 0);
-    a = admit("p1", hello("p1", 2), m, position(), three_shards());
+    a = admit(clock_at(200), "p1", hello("p1", 2), m, position(), net::LinkState{}, three_shards());
     REQUIRE(a.admit);
     CHECK(a.shard == 0);
     CHECK(a.reason.find("shard 2 is p2's") != std::string::npos);
-    a = admit("p1", hello("p1"), m, position(), three_shards());  // any: the lowest free one
+    a = admit(clock_at(200), "p1", hello("p1"), m, position(), net::LinkState{}, three_shards());  // any: the lowest free one
     CHECK(a.shard == 0);
   }
 
   TEST_CASE("admission: a rejoining provider keeps its shard, even one it did not ask for") {
     const Members m = {{"p0", live(1, 3)}};
-    const auto a = admit("p0", hello("p0", 2), m, position(), three_shards());
+    const auto a = admit(clock_at(200), "p0", hello("p0", 2), m, position(), net::LinkState{}, three_shards());
     REQUIRE(a.admit);
     CHECK(a.shard == 1);
     CHECK(!a.fresh);
@@ -99,7 +99,7 @@ TEST_SUITE("membership") {
 
   TEST_CASE("admission: every shard taken (dead members keep theirs) is kFull") {
     const Members m = {{"a", live(0, 0)}, {"b", live(1, 0, MemberState::kDead)}, {"c", live(2, 0)}};
-    const auto a = admit("d", hello("d"), m, position(), three_shards());
+    const auto a = admit(clock_at(200), "d", hello("d"), m, position(), net::LinkState{}, three_shards());
     CHECK(!a.admit);
     CHECK(a.code == RefusalCode::kFull);
   }
@@ -108,7 +108,7 @@ TEST_SUITE("membership") {
     auto c = three_shards();
     c.shared_data = true;
     const Members m = {{"a", live(0, 0)}, {"b", live(0, 0)}, {"c", live(0, 0)}};
-    const auto a = admit("d", hello("d"), m, position(), c);
+    const auto a = admit(clock_at(200), "d", hello("d"), m, position(), net::LinkState{}, c);
     REQUIRE(a.admit);
     CHECK(a.shard == 0);
   }
@@ -116,14 +116,34 @@ TEST_SUITE("membership") {
   TEST_CASE("admission: what it is sent follows the hash it holds; a member known only from a checkpoint is fresh") {
     Members m;
     m["p0"].shard = 0;  // restored from a checkpoint: never seen by this head process
-    CHECK(admit("p0", hello("p0", 0, "h7"), m, position(), three_shards()).sync == SyncAction::kNone);
-    CHECK(admit("p0", hello("p0", 0, "h6"), m, position(), three_shards()).sync == SyncAction::kUpdate);
-    CHECK(admit("p0", hello("p0", 0, "h5"), m, position(), three_shards()).sync == SyncAction::kFullState);
-    CHECK(admit("p0", hello("p0", 0, ""), m, position(), three_shards()).sync == SyncAction::kFullState);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h7"), m, position(), net::LinkState{}, three_shards()).sync == SyncAction::kNone);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h6"), m, position(), net::LinkState{}, three_shards()).sync == SyncAction::kUpdate);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h5"), m, position(), net::LinkState{}, three_shards()).sync == SyncAction::kFullState);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, ""), m, position(), net::LinkState{}, three_shards()).sync == SyncAction::kFullState);
     auto no_update = position();
     no_update.have_last_update = false;
-    CHECK(admit("p0", hello("p0", 0, "h6"), m, no_update, three_shards()).sync == SyncAction::kFullState);
-    CHECK(admit("p0", hello("p0", 0, "h7"), m, position(), three_shards()).fresh);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h6"), m, no_update, net::LinkState{}, three_shards()).sync == SyncAction::kFullState);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h7"), m, position(), net::LinkState{}, three_shards()).fresh);
+  }
+
+  TEST_CASE("admission: a live member's repeated HELLO is ignored while its WELCOME is queued, or soon after its admission") {
+    Members m = {{"p0", live(0, 100)}};
+    m["p0"].admitted_at = clock_at(198);
+    auto c = three_shards();
+    c.hello_interval_s = 5;
+    auto a = admit(clock_at(200), "p0", hello("p0", 0), m, position(), net::LinkState{}, c);
+    CHECK(a.ignore);
+    CHECK(!a.admit);
+    CHECK(a.reason.find("2.0s after its admission") != std::string::npos);
+    a = admit(clock_at(210), "p0", hello("p0", 0), m, position(), net::LinkState{}, c);
+    CHECK(a.admit);  // 12 s later: a real rejoin
+    net::LinkState welcome_on_its_way;
+    welcome_on_its_way.queued_bytes = 4 << 20;
+    a = admit(clock_at(260), "p0", hello("p0", 0), m, position(), welcome_on_its_way, c);
+    CHECK(a.ignore);
+    CHECK(a.reason.find("4194304 bytes of its WELCOME") != std::string::npos);
+    m["p0"].state = MemberState::kDead;  // a dead member is judged afresh
+    CHECK(admit(clock_at(199), "p0", hello("p0", 0), m, position(), welcome_on_its_way, c).admit);
   }
 
   TEST_CASE("contribution: from a non-member or a dead member, refused with rejoin") {
@@ -200,6 +220,23 @@ TEST_SUITE("membership") {
     CHECK(t[0].name == "quiet");
     CHECK(t[0].to == MemberState::kDead);
     CHECK(t[0].reason.find("silent for 5.5s") != std::string::npos);
+  }
+
+  TEST_CASE("liveness: a live member whose link has taken nothing of its queue for dead_after_s is dead; the head's own deafness does not count") {
+    const Members m = {{"slow", live(0, 200)}, {"stuck", live(1, 200)}, {"idle", live(2, 200)},
+                       {"gone", live(3, 0, MemberState::kDead)}};
+    std::map<std::string, net::LinkState> links;
+    links["slow"] = {100, 1, clock_at(198)};   // moved 2 s ago
+    links["stuck"] = {100, 1, clock_at(190)};  // nothing for 10 s
+    links["idle"] = {0, 0, clock_at(0)};       // nothing queued: nothing to take
+    links["gone"] = {100, 1, clock_at(0)};
+    auto t = stalled(clock_at(200), clock_at(0), m, links, three_shards());
+    REQUIRE(t.size() == 1);
+    CHECK(t[0].name == "stuck");
+    CHECK(t[0].to == MemberState::kDead);
+    CHECK(t[0].reason.find("took nothing for 10.0s with 100 bytes queued") != std::string::npos);
+    t = stalled(clock_at(200), clock_at(197), m, links, three_shards());  // the head was deaf until 197
+    CHECK(t.empty());
   }
 
   TEST_CASE("liveness: at a round's close the active members that did not contribute are straggling") {
@@ -324,7 +361,7 @@ TEST_SUITE("membership") {
     CHECK(on_head_message(s, {"r", 7, net::Bye{"done"}}).action == LeaderAction::kStop);
   }
 
-  TEST_CASE("leader: rejoin refusals resync once; config, shard and full refusals are fatal; others reported") {
+  TEST_CASE("leader: rejoin refusals resync, or repeat the HELLO while resynchronising; config, shard and full refusals are fatal; others reported") {
     LeaderState s{7, false, 1, 3};
     CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kRejoin, "who?"}}).action == LeaderAction::kResync);
     for (const auto code : {RefusalCode::kConfigHash, RefusalCode::kFull, RefusalCode::kBadShard}) {
@@ -332,6 +369,6 @@ TEST_SUITE("membership") {
     }
     CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kBadFrame, "bad"}}).action == LeaderAction::kReport);
     s.rejoining = true;
-    CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kRejoin, "who?"}}).action == LeaderAction::kIgnore);
+    CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kRejoin, "who?"}}).action == LeaderAction::kRepeatHello);
   }
 }

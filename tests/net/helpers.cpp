@@ -1,5 +1,7 @@
 #include "helpers.h"
 
+#include <fstream>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -53,6 +55,23 @@ TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }
+
+namespace {
+
+std::int64_t status_kb(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::int64_t resident_bytes() { return status_kb("VmRSS"); }
+std::int64_t peak_resident_bytes() { return status_kb("VmHWM"); }
+void reset_peak_resident() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 std::vector<std::uint8_t> pattern(std::size_t size, std::uint64_t seed) {
   std::vector<std::uint8_t> bytes(size);

@@ -56,6 +56,12 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// This process's resident memory now (VmRSS) and its peak since reset_peak_resident()
+// (VmHWM, reset through /proc/self/clear_refs).
+std::int64_t resident_bytes();
+std::int64_t peak_resident_bytes();
+void reset_peak_resident();
+
 // Deterministic bytes that differ at every offset, so a shifted or truncated copy is caught.
 std::vector<std::uint8_t> pattern(std::size_t size, std::uint64_t seed);
 

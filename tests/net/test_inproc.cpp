@@ -130,15 +130,26 @@ TEST_SUITE("net.inproc") {
     CHECK_FALSE(w.alice->receive(10ms).has_value());  // lost, not postponed
   }
 
-  TEST_CASE("a full queue times out the send; the message is dropped, the link lives") {
+  TEST_CASE("a full mailbox never makes send wait: messages queue in the sender's outbox, in order, within its budget") {
     auto network = inproc::Network::create({/*queue_capacity=*/2});
     auto head = network->listen();
     auto alice = network->connect("alice");
-    CHECK(head->send("alice", round_message(1), {10ms}) == SendStatus::kSent);
-    CHECK(head->send("alice", round_message(2), {10ms}) == SendStatus::kSent);
-    CHECK(head->send("alice", round_message(3), {30ms}) == SendStatus::kTimeout);
-    REQUIRE(alice->receive(kPatience).has_value());
-    CHECK(head->send("alice", round_message(4), {10ms}) == SendStatus::kSent);
+    head->set_limits({-1, 1000});
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::uint64_t r = 1; r <= 4; ++r) CHECK(head->send("alice", round_message(r)) == SendStatus::kSent);
+    CHECK(std::chrono::steady_clock::now() - t0 < 100ms);
+    const LinkState queued = head->link_state("alice");
+    CHECK(queued.queued_messages == 2);  // two in the mailbox, two waiting
+    CHECK(head->send("alice", encode({kRun, 5, Update{Frame(pattern(2000, 1))}})) == SendStatus::kFull);
+    CHECK(head->send("alice", round_message(9), {/*urgent=*/true}) == SendStatus::kSent);
+    std::vector<std::uint64_t> rounds;
+    while (rounds.size() < 5) {
+      (void)head->poll(1ms);  // the sender's calls move its outbox on
+      if (auto got = alice->receive(10ms)) rounds.push_back(round_of(*got));
+    }
+    // the urgent one passed those still in the outbox, not those already delivered
+    CHECK(rounds == std::vector<std::uint64_t>{1, 2, 9, 3, 4});
+    CHECK(head->link_state("alice").queued_bytes == 0);
   }
 
   TEST_CASE("names are unique and a closed end is an absent peer") {

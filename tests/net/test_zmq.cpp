@@ -3,6 +3,8 @@
 // with ports picked by the OS.
 #include <doctest/doctest.h>
 
+#include <thread>
+
 #include "cases.h"
 #include "helpers.h"
 
@@ -25,7 +27,7 @@ struct Head {
     options.key = key;
     options.allow.add("alice", alice.public_key);
     options.allow.add("bob", bob.public_key);
-    options.max_frame_bytes = max_frame_bytes;
+    options.limits.max_frame_bytes = max_frame_bytes;
     options.link = ZmqBackend::test_link(capture);
     server = std::make_unique<zeromq::Server>(std::move(options));
   }
@@ -165,25 +167,141 @@ TEST_SUITE("net.zmq") {
     CHECK(head.capture.sink->count("dropped a message") == 0);
   }
 
-  TEST_CASE("a malformed layout is dropped and logged, and the sender stays connected") {
+  TEST_CASE("a malformed header is dropped and logged, and the sender stays connected") {
     Head head;
     ::zmq::context_t context;
     ::zmq::socket_t raw = head.raw_dealer(context, head.alice);
-    const std::uint8_t lying_layout[] = {1, 0, 0, 0x10, 0, 0, 0, 0, 0};  // 1 MiB, no parts
-    REQUIRE(raw.send(::zmq::buffer(lying_layout), ::zmq::send_flags::none));
+    const std::uint8_t old_format[] = {1, 0, 0, 0x10, 0, 0, 0, 0, 0};
+    REQUIRE(raw.send(::zmq::buffer(old_format), ::zmq::send_flags::none));
+    const std::uint8_t lying[] = {2, 0, 0, 0x10, 0, 0, 0, 0, 0, 0};  // WHOLE, 1 MiB, no parts
+    REQUIRE(raw.send(::zmq::buffer(lying), ::zmq::send_flags::none));
+    const std::uint8_t orphan_chunk[] = {2, 2, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    REQUIRE(raw.send(::zmq::buffer(orphan_chunk), ::zmq::send_flags::sndmore));
     REQUIRE(raw.send(::zmq::str_buffer("garbage"), ::zmq::send_flags::none));
-    const std::uint8_t good_layout[] = {1, 4, 0, 0, 0, 0, 0, 0, 0};
-    REQUIRE(raw.send(::zmq::buffer(good_layout), ::zmq::send_flags::sndmore));
+    const std::uint8_t good[] = {2, 0, 4, 0, 0, 0, 0, 0, 0, 0};
+    REQUIRE(raw.send(::zmq::buffer(good), ::zmq::send_flags::sndmore));
     REQUIRE(raw.send(::zmq::str_buffer("ping"), ::zmq::send_flags::none));
     auto got = head.server->receive(kPatience);
     REQUIRE(got.has_value());
     CHECK(got->peer == "alice");
     REQUIRE(got->message.size() == 1);
     CHECK(got->message[0].view() == "ping");
-    CHECK(head.capture.sink->count("dropped a message from alice: the layout does not match the "
-                                   "0 parts received") == 1);
-    CHECK(head.capture.sink->count("dropped a message from alice: malformed layout part (7 "
-                                   "bytes)") == 1);
+    CHECK(head.capture.sink->count("dropped a message from alice: wire format version 1, this "
+                                   "end speaks 2") == 1);
+    CHECK(head.capture.sink->count("dropped a message from alice: malformed header part (10 "
+                                   "bytes, 0 parts)") == 1);
+    CHECK(head.capture.sink->count("dropped a message from alice: chunk of stream 9 with no "
+                                   "stream started") == 1);
+  }
+
+  TEST_CASE("a stream over max_frame_bytes is refused at its start: its chunks are never stored") {
+    constexpr std::int64_t kLimit = 4 << 20;
+    constexpr std::size_t kChunks = 256;  // a 256 MiB frame
+    Head head(kLimit);
+    zeromq::Client bob(head.client(head.bob));
+    ::zmq::context_t context;
+    ::zmq::socket_t raw = head.raw_dealer(context, head.alice);
+    raw.set(::zmq::sockopt::sndhwm, 16);
+    // One chunk-sized buffer, sent without copies, over and over: the sender holds 1 MiB.
+    static const std::vector<std::uint8_t> chunk = pattern(zeromq::kChunkBytes, 6);
+    const auto put = [](std::uint8_t* at, std::uint64_t v) {
+      for (int b = 0; b < 8; ++b) at[b] = static_cast<std::uint8_t>(v >> (8 * b));
+    };
+    std::uint8_t start[18] = {2, 1};
+    put(start + 2, 77);
+    put(start + 10, kChunks * zeromq::kChunkBytes);
+    const std::int64_t before = test::resident_bytes();
+    test::reset_peak_resident();
+    REQUIRE(raw.send(::zmq::buffer(start), ::zmq::send_flags::none));
+    std::thread sender([&] {
+      for (std::size_t i = 0; i < kChunks; ++i) {
+        std::uint8_t header[18] = {2, 2};
+        put(header + 2, 77);
+        put(header + 10, i * zeromq::kChunkBytes);
+        raw.send(::zmq::buffer(header), ::zmq::send_flags::sndmore);
+        ::zmq::message_t data(const_cast<std::uint8_t*>(chunk.data()), chunk.size(), nullptr, nullptr);
+        raw.send(data, ::zmq::send_flags::none);
+      }
+      const std::uint8_t good[] = {2, 0, 4, 0, 0, 0, 0, 0, 0, 0};
+      raw.send(::zmq::buffer(good), ::zmq::send_flags::sndmore);
+      raw.send(::zmq::str_buffer("done"), ::zmq::send_flags::none);
+    });
+    std::optional<Received> got;
+    const auto deadline = std::chrono::steady_clock::now() + kPatience;
+    while (std::chrono::steady_clock::now() < deadline) {
+      got = head.server->receive(200ms);
+      if (got && got->peer == "alice") break;
+    }
+    sender.join();
+    const std::int64_t grew = test::peak_resident_bytes() - before;
+    REQUIRE(got.has_value());
+    CHECK(got->message[0].view() == "done");  // alice is still connected and heard
+    CHECK(head.capture.sink->count("a frame of 268435456 bytes is over max_frame_bytes (4194304)") == 1);
+    CHECK(head.capture.sink->count("dropped a message from alice") == 1);  // the START, once
+    MESSAGE("peak RSS grew by " << grew / (1 << 20) << " MiB while a 256 MiB stream was refused");
+    CHECK(grew < (64 << 20));  // buffering it would take 256 MiB; the queues hold ~2 × 16 MiB
+    // bob was never held up
+    REQUIRE(bob.send(kHeadPeer, heartbeat(5)) == SendStatus::kSent);
+    got = head.server->receive(kPatience);
+    REQUIRE(got.has_value());
+    CHECK(got->peer == "bob");
+  }
+
+  TEST_CASE("send never waits: a peer that does not read fills only its own queue, which stalls and then refuses") {
+    Head head;
+    head.server->set_limits({std::int64_t{1} << 30, 48 << 20});  // a 48 MiB budget per peer
+    zeromq::Client bob(head.client(head.bob));
+    ::zmq::context_t context;
+    ::zmq::socket_t raw = head.raw_dealer(context, head.alice);  // never reads
+    raw.set(::zmq::sockopt::rcvhwm, 1);
+    const std::uint8_t hello[] = {2, 0, 2, 0, 0, 0, 0, 0, 0, 0};
+    REQUIRE(raw.send(::zmq::buffer(hello), ::zmq::send_flags::sndmore));
+    REQUIRE(raw.send(::zmq::str_buffer("hi"), ::zmq::send_flags::none));
+    REQUIRE(head.server->receive(kPatience).has_value());  // the head knows alice now
+    REQUIRE(bob.send(kHeadPeer, heartbeat()) == SendStatus::kSent);
+    REQUIRE(head.server->receive(kPatience).has_value());
+
+    const Frame big(pattern(std::size_t{32} << 20, 7));
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(head.server->send("alice", encode({kRun, 1, Update{big}})) == SendStatus::kSent);
+    CHECK(head.server->send("alice", encode({kRun, 2, Update{big}})) == SendStatus::kFull);
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // queued, not waited on
+    CHECK(head.server->send("bob", encode({kRun, 1, Update{big}})) == SendStatus::kSent);
+    std::optional<Received> at_bob;
+    const auto deadline = std::chrono::steady_clock::now() + kPatience;
+    while (!at_bob && std::chrono::steady_clock::now() < deadline) {
+      (void)head.server->receive(10ms);  // the head's loop moves the queues
+      at_bob = bob.receive(10ms);
+    }
+    REQUIRE(at_bob.has_value());
+    CHECK(std::get<Update>(decode(at_bob->message, kRun).body).payload == big);
+    // alice's queue took what its socket and TCP buffers hold, then stopped moving.
+    const auto settle = std::chrono::steady_clock::now() + 600ms;
+    while (std::chrono::steady_clock::now() < settle) (void)head.server->receive(10ms);
+    const LinkState alice = head.server->link_state("alice");
+    CHECK(alice.queued_bytes > 0);
+    CHECK(alice.queued_bytes < big.size());
+    CHECK(std::chrono::steady_clock::now() - alice.last_progress > 300ms);
+    CHECK(head.server->link_state("bob").queued_bytes == 0);
+    head.server->drop_queue("alice");
+    CHECK(head.server->link_state("alice").queued_bytes == 0);
+  }
+
+  TEST_CASE("an urgent message passes a long transfer to the same peer") {
+    Head head;
+    zeromq::Client alice(head.client(head.alice));
+    REQUIRE(alice.send(kHeadPeer, heartbeat()) == SendStatus::kSent);
+    REQUIRE(head.server->receive(kPatience).has_value());
+    const Frame big(pattern(std::size_t{128} << 20, 8));
+    REQUIRE(head.server->send("alice", encode({kRun, 1, Update{big}})) == SendStatus::kSent);
+    REQUIRE(head.server->send("alice", heartbeat(9), {/*urgent=*/true}) == SendStatus::kSent);
+    std::vector<MessageType> order;
+    const auto deadline = std::chrono::steady_clock::now() + kPatience;
+    while (order.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+      (void)head.server->receive(5ms);
+      if (auto got = alice.receive(5ms)) order.push_back(decode(got->message, kRun).type());
+    }
+    CHECK(order == std::vector<MessageType>{MessageType::kHeartbeat, MessageType::kUpdate});
   }
 
   TEST_CASE("a provider reconnects by itself after the head restarts on the same endpoint") {
@@ -202,7 +320,7 @@ TEST_SUITE("net.zmq") {
     std::optional<Received> got;
     const auto deadline = std::chrono::steady_clock::now() + kPatience;
     while (!got && std::chrono::steady_clock::now() < deadline) {
-      REQUIRE(alice.send(kHeadPeer, heartbeat(2), {100ms}) != SendStatus::kNoPeer);
+      REQUIRE(alice.send(kHeadPeer, heartbeat(2)) != SendStatus::kNoPeer);
       got = head.server->receive(200ms);
     }
     REQUIRE(got.has_value());
@@ -225,7 +343,7 @@ TEST_SUITE("net.zmq") {
     SendStatus status = SendStatus::kSent;
     const auto deadline = std::chrono::steady_clock::now() + kPatience;
     while (status == SendStatus::kSent && std::chrono::steady_clock::now() < deadline) {
-      status = head.server->send("alice", heartbeat(), {100ms});
+      status = head.server->send("alice", heartbeat());
       if (status == SendStatus::kSent) (void)head.server->poll(20ms);  // let the I/O thread see the FIN
     }
     CHECK(status == SendStatus::kNoPeer);

@@ -6,8 +6,8 @@
 namespace xloco::net::inproc {
 
 struct NetworkOptions {
-  // Messages that may wait at one receiving end (in flight or delayed included) before a
-  // send blocks, as ZMQ_SNDHWM + ZMQ_RCVHWM do over ZeroMQ.
+  // Messages that may wait at one receiving end (in flight or delayed included); beyond them
+  // a sender's messages wait in its outbox, as ZMQ_SNDHWM + ZMQ_RCVHWM make them over ZeroMQ.
   std::size_t queue_capacity = 8;
 };
 

@@ -3,8 +3,25 @@
 #include <algorithm>
 
 #include "net/errors.h"
+#include "net/outbox.h"
 
 namespace xloco::net::inproc {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// While a send queue waits on a full mailbox, receive() and poll() look again this often.
+constexpr std::chrono::milliseconds kPumpInterval{5};
+
+bool over_limit(const Message& message, std::int64_t max_frame_bytes) {
+  if (max_frame_bytes < 0) return false;
+  for (const Frame& f : message) {
+    if (f.size() > static_cast<std::uint64_t>(max_frame_bytes)) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 // One end of the network: the head (name kHeadPeer) or a provider.
 class Endpoint final : public Transport {
@@ -19,20 +36,67 @@ class Endpoint final : public Transport {
     XLOCO_ENFORCE(!message.empty(), NetError, "cannot send a message without frames");
     XLOCO_ENFORCE(name_ == kHeadPeer || peer == kHeadPeer, NetError,
                   "a provider can only send to \"{}\", not \"{}\"", kHeadPeer, peer);
-    return network_->deliver(name_, peer, message, options.timeout);
+    if (!network_->reachable(name_, peer)) {
+      outbox_.drop(peer);
+      return SendStatus::kNoPeer;
+    }
+    const SendStatus status = outbox_.push(peer, message, options.urgent, limits_.queue_bytes);
+    if (status != SendStatus::kSent) return status;
+    return pump(peer) ? SendStatus::kSent : SendStatus::kNoPeer;
   }
   std::optional<Received> receive(std::chrono::milliseconds timeout) override {
-    return network_->take(name_, *mailbox_, timeout, /*pop=*/true);
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      pump_all();
+      const auto left = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      const auto wait = outbox_.waiting().empty() ? left : std::min(left, kPumpInterval);
+      auto received = network_->take(name_, *mailbox_, wait, /*pop=*/true);
+      if (received && !over_limit(received->message, limits_.max_frame_bytes)) return received;
+      if (!received && Clock::now() >= deadline) return std::nullopt;
+    }
   }
   bool poll(std::chrono::milliseconds timeout) override {
-    return network_->take(name_, *mailbox_, timeout, /*pop=*/false).has_value();
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      pump_all();
+      const auto left = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      const auto wait = outbox_.waiting().empty() ? left : std::min(left, kPumpInterval);
+      if (network_->take(name_, *mailbox_, wait, /*pop=*/false)) return true;
+      if (Clock::now() >= deadline) return false;
+    }
   }
   std::string endpoint() const override { return "inproc://" + kHeadPeer; }
+  LinkState link_state(const PeerId& peer) const override { return outbox_.state(peer); }
+  void drop_queue(const PeerId& peer) override { outbox_.drop(peer); }
+  void set_limits(const TransportLimits& limits) override { limits_ = limits; }
 
  private:
+  // Moves `peer`'s queue into its mailbox while there is room; false when the peer is gone.
+  bool pump(const PeerId& peer) {
+    for (;;) {
+      bool urgent = false;
+      Outbox::Item* item = outbox_.front(peer, urgent);
+      if (item == nullptr) return true;
+      const SendStatus status = network_->deliver(name_, peer, item->message);
+      if (status == SendStatus::kFull) return true;
+      if (status == SendStatus::kNoPeer) {
+        outbox_.drop(peer);
+        return false;
+      }
+      outbox_.advance(peer, urgent, item->bytes, true);
+    }
+  }
+  void pump_all() {
+    for (const PeerId& peer : outbox_.waiting()) (void)pump(peer);
+  }
+
   std::shared_ptr<Network> network_;
   PeerId name_;
   std::shared_ptr<Network::Mailbox> mailbox_;
+  Outbox outbox_;
+  TransportLimits limits_;
 };
 
 std::shared_ptr<Network> Network::create(NetworkOptions options) {
@@ -66,8 +130,13 @@ void Network::close(const PeerId& name) {
   mailboxes_.erase(it);
 }
 
-SendStatus Network::deliver(const PeerId& from, const PeerId& to, const Message& message,
-                            std::chrono::milliseconds timeout) {
+bool Network::reachable(const PeerId& from, const PeerId& to) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!mailboxes_.count(to)) return false;
+  return from != kHeadPeer || !faults_.is_cut(to);
+}
+
+SendStatus Network::deliver(const PeerId& from, const PeerId& to, const Message& message) {
   const bool from_provider = from != kHeadPeer;
   const PeerId& provider = from_provider ? from : to;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -75,11 +144,7 @@ SendStatus Network::deliver(const PeerId& from, const PeerId& to, const Message&
   if (it == mailboxes_.end()) return SendStatus::kNoPeer;
   if (!from_provider && faults_.is_cut(to)) return SendStatus::kNoPeer;
   const std::shared_ptr<Mailbox> mailbox = it->second;
-  const bool room = mailbox->changed.wait_for(lock, timeout, [&] {
-    return mailbox->closed || mailbox->items.size() < options_.queue_capacity;
-  });
-  if (mailbox->closed) return SendStatus::kNoPeer;
-  if (!room) return SendStatus::kTimeout;
+  if (mailbox->items.size() >= options_.queue_capacity) return SendStatus::kFull;
 
   const Faults::Verdict verdict = faults_.on_message(provider, from_provider, message);
   if (!verdict.deliver) return SendStatus::kSent;  // lost in flight: the sender cannot know

@@ -1,8 +1,10 @@
 // The in-process backend of Transport, for tests: a Network of mailboxes in one process, with
 // one head and named providers, and the faults of inproc/faults.h. It keeps the ZeroMQ
-// backend's contract (per-peer queues with a capacity, kNoPeer for an absent provider,
-// messages shared rather than copied) with two differences: no encryption, and a provider's
-// send returns kNoPeer while no head listens (ZeroMQ would queue it until one does).
+// backend's contract (send() never waits: each end has an Outbox per peer, moved into the
+// peer's mailbox while it has room; kNoPeer for an absent provider; messages shared rather
+// than copied) with three differences: no encryption, messages move whole (no chunks, so an
+// urgent one passes only messages not yet moved), and a provider's send returns kNoPeer while
+// no head listens (ZeroMQ would queue it until one does).
 #pragma once
 
 #include <chrono>
@@ -45,9 +47,12 @@ class Network : public std::enable_shared_from_this<Network> {
 
   explicit Network(NetworkOptions options) : options_(options) {}
   std::shared_ptr<Mailbox> open(const PeerId& name);
+  // Whether `to` is on the network and, from the head, not cut.
+  bool reachable(const PeerId& from, const PeerId& to);
   void close(const PeerId& name);
-  SendStatus deliver(const PeerId& from, const PeerId& to, const Message& message,
-                     std::chrono::milliseconds timeout);
+  // Moves `message` into `to`'s mailbox if it has room: kSent, or kFull (try later), or
+  // kNoPeer.
+  SendStatus deliver(const PeerId& from, const PeerId& to, const Message& message);
   std::optional<Received> take(const PeerId& name, Mailbox& mailbox,
                                std::chrono::milliseconds timeout, bool pop);
 

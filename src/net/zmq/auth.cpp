@@ -1,5 +1,6 @@
 #include "net/zmq/auth.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -48,8 +49,10 @@ std::string z85_of(const ::zmq::message_t& key) {
 }  // namespace
 
 Gatekeeper::Gatekeeper(::zmq::context_t& context, ::zmq::socket_t& watched,
-                       std::optional<AllowList> allow, std::shared_ptr<spdlog::logger> logger)
+                       std::optional<AllowList> allow, std::shared_ptr<spdlog::logger> logger,
+                       int handshakes_per_minute)
     : allow_(std::move(allow)),
+      handshakes_per_minute_(handshakes_per_minute),
       logger_(logger ? std::move(logger) : spdlog::default_logger()),
       zap_(context, ::zmq::socket_type::rep),
       monitor_(context, ::zmq::socket_type::pair),
@@ -125,7 +128,12 @@ void Gatekeeper::answer_zap() {
                   request[5].to_string(), address);
   } else {
     const std::string key = z85_of(request[6]);
-    if (const std::string* name = allow_->find(key)) {
+    if (const std::string* name = allow_->find(key); name && !take_handshake(*name)) {
+      status_text = "too many connections";
+      refused_.fetch_add(1);
+      logger_->warn("net: refused provider {} from {}: more than {} handshakes a minute", *name,
+                    address, handshakes_per_minute_);
+    } else if (name) {
       status = "200";
       status_text = "OK";
       user_id = *name;
@@ -144,6 +152,20 @@ void Gatekeeper::answer_zap() {
   reply.emplace_back(std::string_view(user_id));
   reply.emplace_back();  // no metadata
   (void)::zmq::send_multipart(zap_, reply);
+}
+
+bool Gatekeeper::take_handshake(const std::string& name) {
+  if (handshakes_per_minute_ <= 0) return true;
+  const auto now = std::chrono::steady_clock::now();
+  const double burst = handshakes_per_minute_;
+  auto [it, fresh] = buckets_.try_emplace(name, Bucket{burst, now});
+  Bucket& b = it->second;
+  b.tokens = std::min(burst, b.tokens + std::chrono::duration<double>(now - b.at).count() *
+                                            handshakes_per_minute_ / 60.0);
+  b.at = now;
+  if (b.tokens < 1) return false;
+  b.tokens -= 1;
+  return true;
 }
 
 void Gatekeeper::log_monitor_event() {

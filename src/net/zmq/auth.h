@@ -6,6 +6,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,9 +26,11 @@ namespace xloco::net::zeromq {
 class Gatekeeper {
  public:
   // Binds the context's ZAP endpoint (only when `allow` is set) and monitors `watched`, which
-  // must not be bound yet. `context` and `watched` must outlive the Gatekeeper.
+  // must not be bound yet. `context` and `watched` must outlive the Gatekeeper. Each listed
+  // key may complete `handshakes_per_minute` handshakes in a burst, then one every
+  // 60 / handshakes_per_minute seconds (0: no limit).
   Gatekeeper(::zmq::context_t& context, ::zmq::socket_t& watched, std::optional<AllowList> allow,
-             std::shared_ptr<spdlog::logger> logger);
+             std::shared_ptr<spdlog::logger> logger, int handshakes_per_minute);
   ~Gatekeeper();  // stops and joins the thread
   Gatekeeper(const Gatekeeper&) = delete;
   Gatekeeper& operator=(const Gatekeeper&) = delete;
@@ -38,7 +42,16 @@ class Gatekeeper {
   void answer_zap();
   void log_monitor_event();
 
+  // Whether `name` may complete another handshake now (a token bucket per key).
+  bool take_handshake(const std::string& name);
+
   std::optional<AllowList> allow_;
+  const int handshakes_per_minute_;
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point at{};
+  };
+  std::map<std::string, Bucket> buckets_;  // by allow-list name; the gatekeeper thread only
   std::shared_ptr<spdlog::logger> logger_;
   ::zmq::socket_t zap_;
   ::zmq::socket_t monitor_;

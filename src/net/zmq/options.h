@@ -9,6 +9,7 @@
 #include <string>
 
 #include "net/keys.h"
+#include "net/transport.h"
 
 namespace spdlog {
 class logger;
@@ -20,22 +21,26 @@ using std::chrono::milliseconds;
 
 // Options that the head and a provider share.
 struct LinkOptions {
-  // ZMQ_SNDHWM / ZMQ_RCVHWM, in messages per peer. Messages here are whole rounds (up to
-  // hundreds of MiB), so a few are plenty; a small queue bounds memory, and with
-  // ZMQ_ROUTER_MANDATORY a full queue to one slow provider fails that send only.
-  int send_hwm = 4;
-  int receive_hwm = 4;
+  // ZMQ_SNDHWM / ZMQ_RCVHWM, in ZeroMQ messages per peer. Every message is at most one chunk
+  // (wire.h), so these bound what each socket queue holds per peer (16 MiB each way); the
+  // rest of a long transfer waits in the transport's outbox by reference, without a copy.
+  int send_hwm = 16;
+  int receive_hwm = 16;
   // ZMQ_LINGER: how long closing waits to flush queued messages (a BYE, a last update).
   // Bounded, so that a dead peer cannot hang shutdown.
   milliseconds linger{2000};
   // ZMQ_HANDSHAKE_IVL: a connection that has not finished the CURVE handshake by then is
   // dropped, so half-open scanners cannot hold resources on the head's public port.
   milliseconds handshake_timeout{10000};
-  // ZMQ_HEARTBEAT_IVL / _TIMEOUT / _TTL: ZMTP pings find dead TCP connections that the OS
-  // would keep for hours. A ping waits behind a message being sent, so the timeout must be
-  // longer than the largest message takes on the slowest link (64 MiB at 10 Mbit/s: 54 s).
-  milliseconds heartbeat_interval{5000};
-  milliseconds heartbeat_timeout{120000};
+  // ZMQ_TCP_KEEPALIVE*: the OS finds dead TCP connections (a vanished machine) after
+  // idle + interval × count seconds. ZMTP heartbeats (ZMQ_HEARTBEAT_IVL) are deliberately
+  // off: libzmq 4.3.4 aborts (`!_io_error`, stream_engine_base.cpp:331) when a heartbeat
+  // timer fires on a connection whose input it stopped because the receive queue was full,
+  // which is what a peer that is sent more than it reads produces. xloco's own HEARTBEAT
+  // messages find silent peers; the transport never stops reading.
+  int keepalive_idle_s = 60;
+  int keepalive_interval_s = 10;
+  int keepalive_count = 6;
   // ZMQ_IO_THREADS of this end's context: the I/O thread does the CURVE crypto, and one
   // keeps up with about 1 GB/s, far above a WAN link; more only for many fast local peers.
   int io_threads = 1;
@@ -49,11 +54,14 @@ struct ServerOptions {
   std::string bind = "tcp://0.0.0.0:7700";  // port 0 or * picks a free port (see endpoint())
   KeyPair key;                              // the head's own key pair
   AllowList allow;                          // the providers admitted (CURVE mode)
-  // The largest frame a provider may send, checked on the layout part before any frame is
-  // assembled; a bigger one is dropped and logged, the provider stays connected. (libzmq has
-  // the whole message by then: per part, ZMQ_MAXMSGSIZE = kChunkBytes bounds it, per peer the
-  // receive HWM, and only allow-listed peers get this far.)
-  std::int64_t max_frame_bytes = std::int64_t{1} << 30;
+  // What a provider may send and be sent; the head narrows them to its model (set_limits).
+  // A frame over max_frame_bytes is refused at its stream's start, before any of it is
+  // stored, and the provider stays connected.
+  TransportLimits limits{std::int64_t{1} << 30, -1};
+  // CURVE handshakes admitted per allow-listed key per minute (a burst of this many, then one
+  // every 60 / this seconds): a key that reconnects faster is refused at the handshake, so
+  // one key cannot pile up connections on the head.
+  int max_handshakes_per_minute = 12;
   LinkOptions link;
 };
 
@@ -64,9 +72,8 @@ struct ClientOptions {
   // ZMQ_ROUTING_ID in insecure mode only: the name the head knows this provider by. With
   // CURVE the head names a provider by its allow-listed key instead, which cannot be forged.
   std::string name;
-  // As for the head; -1 for none, as the head (trusted, authenticated) sends whole model
-  // states.
-  std::int64_t max_frame_bytes = -1;
+  // None by default: the head (trusted, authenticated) sends whole model states.
+  TransportLimits limits;
   // ZMQ_RECONNECT_IVL / _MAX: retry fast after a blip, back off to the max while the head is
   // down, so a restarted head is rejoined within seconds without a storm of SYNs.
   milliseconds reconnect_interval{100};
@@ -76,8 +83,7 @@ struct ClientOptions {
 
 // Wire constants of this backend (both ends must agree; they are not options).
 //
-// A Frame travels as parts of at most kChunkBytes, after one layout part that lists the frame
-// sizes. libzmq's CURVE copies and encrypts each part through fresh buffers of the part's
+// A Frame travels as ZeroMQ messages of at most kChunkBytes each (wire.h). libzmq's CURVE copies and encrypts each part through fresh buffers of the part's
 // size: for 1 MiB parts those stay in cache and reuse heap memory, while one 64 MiB part
 // faults in new pages for every copy (4.6x less CPU per byte with glibc's default malloc;
 // experiments/RESULTS.md, issue 4).

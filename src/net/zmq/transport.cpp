@@ -1,7 +1,6 @@
 #include "net/zmq/transport.h"
 
 #include <algorithm>
-#include <climits>
 #include <iterator>
 #include <vector>
 
@@ -17,30 +16,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// While a send queue waits on a peer's link, receive() and poll() look again this often.
+constexpr milliseconds kPumpInterval{5};
+
 void apply_link_options(::zmq::socket_t& socket, const LinkOptions& link) {
   const auto ms = [](milliseconds d) { return static_cast<int>(d.count()); };
   socket.set(::zmq::sockopt::sndhwm, link.send_hwm);
   socket.set(::zmq::sockopt::rcvhwm, link.receive_hwm);
   socket.set(::zmq::sockopt::linger, ms(link.linger));
   socket.set(::zmq::sockopt::handshake_ivl, ms(link.handshake_timeout));
-  socket.set(::zmq::sockopt::heartbeat_ivl, ms(link.heartbeat_interval));
-  socket.set(::zmq::sockopt::heartbeat_timeout, ms(link.heartbeat_timeout));
-  // The TTL asks the peer to drop us after the same silence; libzmq caps it at 6553.5 s.
-  socket.set(::zmq::sockopt::heartbeat_ttl, std::min(ms(link.heartbeat_timeout), 6553500));
+  socket.set(::zmq::sockopt::tcp_keepalive, 1);
+  socket.set(::zmq::sockopt::tcp_keepalive_idle, link.keepalive_idle_s);
+  socket.set(::zmq::sockopt::tcp_keepalive_intvl, link.keepalive_interval_s);
+  socket.set(::zmq::sockopt::tcp_keepalive_cnt, link.keepalive_count);
 }
 
 // Every part is at most a chunk: a bigger one is not from xloco, and libzmq drops the
 // connection before buffering it.
 std::int64_t wire_limit(bool insecure) {
   return static_cast<std::int64_t>(kChunkBytes) + (insecure ? 0 : kCurveFrameOverhead);
-}
-
-void set_send_timeout(::zmq::socket_t& socket, int& current, milliseconds timeout) {
-  const int ms = static_cast<int>(std::clamp<std::int64_t>(timeout.count(), 0, INT_MAX));
-  if (ms != current) {
-    socket.set(::zmq::sockopt::sndtimeo, ms);
-    current = ms;
-  }
 }
 
 bool wait_readable(::zmq::socket_t& socket, milliseconds timeout) {
@@ -86,24 +80,74 @@ void check_keypair(const KeyPair& key, const char* whose) {
                 whose);
 }
 
+// Waits on the socket until `deadline`, moving send queues on every kPumpInterval while any
+// waits; true when a message is readable.
+template <typename Pump, typename Pending>
+bool wait_pumping(::zmq::socket_t& socket, Clock::time_point deadline, Pump pump,
+                  Pending pending) {
+  for (;;) {
+    pump();
+    const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
+                                                    deadline - Clock::now()));
+    if (wait_readable(socket, pending() ? std::min(left, kPumpInterval) : left)) return true;
+    if (Clock::now() >= deadline) return false;
+  }
+}
+
 }  // namespace
+
+SendStatus Links::send(::zmq::socket_t& socket, const PeerId& peer, const std::string* routing_id,
+                       const Message& message, const SendOptions& options) {
+  XLOCO_ENFORCE(!message.empty(), NetError, "cannot send a message without frames");
+  // Only a message that goes whole may pass a stream: two interleaved streams are garbage.
+  const bool urgent = options.urgent && fits_one_chunk(message);
+  const SendStatus status = outbox_.push(peer, message, urgent, limits_.queue_bytes);
+  if (status != SendStatus::kSent) return status;
+  return pump(socket, peer, routing_id) ? SendStatus::kSent : SendStatus::kNoPeer;
+}
+
+bool Links::pump(::zmq::socket_t& socket, const PeerId& peer, const std::string* routing_id) {
+  for (;;) {
+    bool urgent = false;
+    Outbox::Item* item = outbox_.front(peer, urgent);
+    if (item == nullptr) return true;
+    if (item->stream == 0) item->stream = next_stream_++;
+    const UnitResult r = send_unit(socket, routing_id, *item, item->stream);
+    if (r.status == UnitStatus::kBlocked) return true;
+    if (r.status == UnitStatus::kNoPeer) {
+      outbox_.drop(peer);
+      return false;
+    }
+    outbox_.advance(peer, urgent, r.bytes, r.done);
+  }
+}
+
+std::optional<Message> Links::take(const PeerId& peer, std::vector<::zmq::message_t>& parts,
+                                   std::size_t first, spdlog::logger& logger) {
+  std::string error;
+  auto message = incoming_[peer].take(parts, first, limits_.max_frame_bytes, error);
+  if (!error.empty()) logger.warn("net: dropped a message from {}: {}", peer, error);
+  return message;
+}
 
 Server::Server(ServerOptions options)
     : options_(std::move(options)),
       logger_(logger_or_default(options_.link.logger)),
       context_(options_.link.io_threads),
-      socket_(context_, ::zmq::socket_type::router) {
+      socket_(context_, ::zmq::socket_type::router),
+      links_(options_.limits) {
   const bool insecure = options_.link.insecure;
   try {
     apply_link_options(socket_, options_.link);
     // A send to a provider that is gone fails at once (EHOSTUNREACH → kNoPeer) instead of
-    // vanishing, and a full queue fails after the send timeout instead of dropping silently.
+    // vanishing, and one to a provider whose queue is full says so (EAGAIN) instead of
+    // dropping the message: it waits in the outbox.
     socket_.set(::zmq::sockopt::router_mandatory, 1);
     socket_.set(::zmq::sockopt::maxmsgsize, wire_limit(insecure));
     if (insecure) {
       // Names are claimed, not proven; a reconnecting provider takes its name over.
       socket_.set(::zmq::sockopt::router_handover, 1);
-      gatekeeper_ = std::make_unique<Gatekeeper>(context_, socket_, std::nullopt, logger_);
+      gatekeeper_ = std::make_unique<Gatekeeper>(context_, socket_, std::nullopt, logger_, 0);
     } else {
       check_keypair(options_.key, "the head");
       XLOCO_ENFORCE(!options_.allow.empty(), KeyError,
@@ -112,7 +156,8 @@ Server::Server(ServerOptions options)
       socket_.set(::zmq::sockopt::curve_server, 1);
       socket_.set(::zmq::sockopt::curve_secretkey, options_.key.secret_key);
       socket_.set(::zmq::sockopt::zap_domain, "xloco");
-      gatekeeper_ = std::make_unique<Gatekeeper>(context_, socket_, options_.allow, logger_);
+      gatekeeper_ = std::make_unique<Gatekeeper>(context_, socket_, options_.allow, logger_,
+                                                 options_.max_handshakes_per_minute);
     }
     socket_.bind(options_.bind);
     endpoint_ = socket_.get(::zmq::sockopt::last_endpoint);
@@ -138,48 +183,66 @@ Server::~Server() {
 SendStatus Server::send(const PeerId& peer, const Message& message, const SendOptions& options) {
   const auto route = routes_.find(peer);
   if (route == routes_.end()) return SendStatus::kNoPeer;
-  set_send_timeout(socket_, send_timeout_ms_, options.timeout);
-  const SendStatus status = send_message(socket_, &route->second, message);
+  const SendStatus status = links_.send(socket_, peer, &route->second, message, options);
   if (status == SendStatus::kNoPeer) routes_.erase(route);
   return status;
 }
 
-bool Server::poll(std::chrono::milliseconds timeout) { return wait_readable(socket_, timeout); }
+void Server::pump_all() {
+  for (const PeerId& peer : links_.outbox().waiting()) {
+    const auto route = routes_.find(peer);
+    if (route == routes_.end()) {
+      links_.outbox().drop(peer);
+    } else if (!links_.pump(socket_, peer, &route->second)) {
+      routes_.erase(route);
+    }
+  }
+}
+
+bool Server::poll(std::chrono::milliseconds timeout) {
+  return wait_pumping(socket_, Clock::now() + timeout, [this] { pump_all(); },
+                      [this] { return !links_.outbox().waiting().empty(); });
+}
 
 std::optional<Received> Server::receive(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  while (wait_readable(socket_,
-                       std::chrono::duration_cast<milliseconds>(deadline - Clock::now()))) {
-    std::vector<::zmq::message_t> parts = receive_parts(socket_);
-    if (parts.size() < 2) continue;  // a ROUTER always prefixes the routing id
-    std::string routing_id = parts[0].to_string();
-    PeerId peer;
-    if (options_.link.insecure) {
-      peer = printable_id(routing_id);
-    } else {
-      // Set from our ZAP answer: the allow-list name of the key that finished the handshake.
-      const char* user_id = zmq_msg_gets(parts[1].handle(), "User-Id");
-      if (user_id == nullptr || *user_id == '\0') {
-        logger_->error("net: dropped a message from an unauthenticated connection");
-        continue;
-      }
-      peer = user_id;
-    }
-    routes_[peer] = std::move(routing_id);
-    const char* address = zmq_msg_gets(parts[1].handle(), "Peer-Address");
-    std::string error;
-    std::optional<Message> message = unpack_message(parts, 1, options_.max_frame_bytes, error);
-    if (message) return Received{std::move(peer), std::move(*message), address ? address : ""};
-    logger_->warn("net: dropped a message from {}: {}", peer, error);
+  while (poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()))) {
+    if (auto received = read_one()) return received;
   }
   return std::nullopt;
+}
+
+std::optional<Received> Server::read_one() {
+  std::vector<::zmq::message_t> parts = receive_parts(socket_);
+  if (parts.size() < 2) return std::nullopt;  // a ROUTER always prefixes the routing id
+  std::string routing_id = parts[0].to_string();
+  PeerId peer;
+  if (options_.link.insecure) {
+    peer = printable_id(routing_id);
+  } else {
+    // Set from our ZAP answer: the allow-list name of the key that finished the handshake.
+    const char* user_id = zmq_msg_gets(parts[1].handle(), "User-Id");
+    if (user_id == nullptr || *user_id == '\0') {
+      logger_->error("net: dropped a message from an unauthenticated connection");
+      return std::nullopt;
+    }
+    peer = user_id;
+  }
+  auto& route = routes_[peer];
+  if (!route.empty() && route != routing_id) links_.outbox().restart(peer);  // it reconnected
+  route = std::move(routing_id);
+  const char* address = zmq_msg_gets(parts[1].handle(), "Peer-Address");
+  std::optional<Message> message = links_.take(peer, parts, 1, *logger_);
+  if (!message) return std::nullopt;
+  return Received{std::move(peer), std::move(*message), address ? address : ""};
 }
 
 Client::Client(ClientOptions options)
     : options_(std::move(options)),
       logger_(logger_or_default(options_.link.logger)),
       context_(options_.link.io_threads),
-      socket_(context_, ::zmq::socket_type::dealer) {
+      socket_(context_, ::zmq::socket_type::dealer),
+      links_(options_.limits) {
   const bool insecure = options_.link.insecure;
   try {
     apply_link_options(socket_, options_.link);
@@ -221,21 +284,23 @@ Client::~Client() = default;
 SendStatus Client::send(const PeerId& peer, const Message& message, const SendOptions& options) {
   XLOCO_ENFORCE(peer == kHeadPeer, NetError, "a provider can only send to \"{}\", not \"{}\"",
                 kHeadPeer, peer);
-  set_send_timeout(socket_, send_timeout_ms_, options.timeout);
-  return send_message(socket_, nullptr, message);
+  // A DEALER has no unreachable peer: what it cannot send yet waits in its queue.
+  return links_.send(socket_, kHeadPeer, nullptr, message, options);
 }
 
-bool Client::poll(std::chrono::milliseconds timeout) { return wait_readable(socket_, timeout); }
+bool Client::poll(std::chrono::milliseconds timeout) {
+  return wait_pumping(socket_, Clock::now() + timeout,
+                      [this] { (void)links_.pump(socket_, kHeadPeer, nullptr); },
+                      [this] { return !links_.outbox().waiting().empty(); });
+}
 
 std::optional<Received> Client::receive(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  while (wait_readable(socket_,
-                       std::chrono::duration_cast<milliseconds>(deadline - Clock::now()))) {
+  while (poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()))) {
     std::vector<::zmq::message_t> parts = receive_parts(socket_);
-    std::string error;
-    std::optional<Message> message = unpack_message(parts, 0, options_.max_frame_bytes, error);
-    if (message) return Received{kHeadPeer, std::move(*message)};
-    logger_->warn("net: dropped a message from the head: {}", error);
+    if (auto message = links_.take(kHeadPeer, parts, 0, *logger_)) {
+      return Received{kHeadPeer, std::move(*message), {}};
+    }
   }
   return std::nullopt;
 }

@@ -13,8 +13,35 @@
 #include "net/transport.h"
 #include "net/zmq/auth.h"
 #include "net/zmq/options.h"
+#include "net/zmq/wire.h"
 
 namespace xloco::net::zeromq {
+
+// The send queues and the receive streams of one socket, shared by Server and Client.
+class Links {
+ public:
+  explicit Links(TransportLimits limits) : limits_(limits) {}
+  // Queues `message` for `peer` and moves what the socket takes; kNoPeer when the socket
+  // reports the peer gone.
+  SendStatus send(::zmq::socket_t& socket, const PeerId& peer, const std::string* routing_id,
+                  const Message& message, const SendOptions& options);
+  // Moves `peer`'s queue on as far as the socket takes it; false when the peer is gone.
+  bool pump(::zmq::socket_t& socket, const PeerId& peer, const std::string* routing_id);
+  // One received ZeroMQ message from `peer` (its header at parts[first]): a whole Message,
+  // or nullopt (a chunk taken, or dropped and logged).
+  std::optional<Message> take(const PeerId& peer, std::vector<::zmq::message_t>& parts,
+                              std::size_t first, spdlog::logger& logger);
+
+  Outbox& outbox() { return outbox_; }
+  const Outbox& outbox() const { return outbox_; }
+  void set_limits(const TransportLimits& limits) { limits_ = limits; }
+
+ private:
+  TransportLimits limits_;
+  Outbox outbox_;
+  std::uint64_t next_stream_ = 1;
+  std::unordered_map<PeerId, Reassembly> incoming_;
+};
 
 class Server final : public Transport {
  public:
@@ -27,11 +54,17 @@ class Server final : public Transport {
   [[nodiscard]] std::optional<Received> receive(std::chrono::milliseconds timeout) override;
   [[nodiscard]] bool poll(std::chrono::milliseconds timeout) override;
   std::string endpoint() const override { return endpoint_; }
+  LinkState link_state(const PeerId& peer) const override { return links_.outbox().state(peer); }
+  void drop_queue(const PeerId& peer) override { links_.outbox().drop(peer); }
+  void set_limits(const TransportLimits& limits) override { links_.set_limits(limits); }
 
   // Connections whose CURVE key the allow-list refused, since start.
   std::uint64_t refused() const noexcept { return gatekeeper_->refused(); }
 
  private:
+  void pump_all();
+  std::optional<Received> read_one();
+
   ServerOptions options_;
   std::shared_ptr<spdlog::logger> logger_;
   ::zmq::context_t context_;
@@ -40,7 +73,7 @@ class Server final : public Transport {
   std::string endpoint_;
   // Authenticated peer name → routing id of its latest connection.
   std::unordered_map<PeerId, std::string> routes_;
-  int send_timeout_ms_ = -2;  // ZMQ_SNDTIMEO last set, to skip redundant setsockopt calls
+  Links links_;
 };
 
 class Client final : public Transport {
@@ -56,13 +89,16 @@ class Client final : public Transport {
   [[nodiscard]] std::optional<Received> receive(std::chrono::milliseconds timeout) override;
   [[nodiscard]] bool poll(std::chrono::milliseconds timeout) override;
   std::string endpoint() const override { return options_.connect; }
+  LinkState link_state(const PeerId& peer) const override { return links_.outbox().state(peer); }
+  void drop_queue(const PeerId& peer) override { links_.outbox().drop(peer); }
+  void set_limits(const TransportLimits& limits) override { links_.set_limits(limits); }
 
  private:
   ClientOptions options_;
   std::shared_ptr<spdlog::logger> logger_;
   ::zmq::context_t context_;
   ::zmq::socket_t socket_;
-  int send_timeout_ms_ = -2;
+  Links links_;
 };
 
 }  // namespace xloco::net::zeromq

@@ -14,13 +14,19 @@
 namespace xloco::net::zeromq {
 namespace {
 
-constexpr std::uint8_t kLayoutVersion = 1;
+constexpr std::uint8_t kWireVersion = 2;
+enum Kind : std::uint8_t { kWhole = 0, kStart = 1, kChunk = 2 };
 // Below this a part is copied: one small memcpy is cheaper than a shared_ptr hand-off.
 constexpr std::size_t kZeroCopyMinBytes = 4096;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
-std::size_t parts_of(std::uint64_t frame_size) {
-  return static_cast<std::size_t>(frame_size / kChunkBytes + (frame_size % kChunkBytes != 0));
+void put_u64(std::uint8_t* out, std::uint64_t v) {
+  for (int b = 0; b < 8; ++b) out[b] = static_cast<std::uint8_t>(v >> (8 * b));
+}
+std::uint64_t get_u64(const std::uint8_t* in) {
+  std::uint64_t v = 0;
+  for (int b = 0; b < 8; ++b) v |= std::uint64_t{in[b]} << (8 * b);
+  return v;
 }
 
 void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
@@ -38,15 +44,23 @@ void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<const
   return part;
 }
 
-::zmq::message_t layout_of(const Message& message) {
-  ::zmq::message_t layout(1 + 8 * message.size());
-  auto* out = layout.data<std::uint8_t>();
-  out[0] = kLayoutVersion;
-  for (std::size_t i = 0; i < message.size(); ++i) {
-    const std::uint64_t size = message[i].size();
-    for (int b = 0; b < 8; ++b) out[1 + 8 * i + b] = static_cast<std::uint8_t>(size >> (8 * b));
+// [version, kind, u64 extra…, u64 size × n]
+::zmq::message_t header(Kind kind, const std::vector<std::uint64_t>& extra, const Message* sizes) {
+  const std::size_t n = sizes ? sizes->size() : 0;
+  ::zmq::message_t h(2 + 8 * (extra.size() + n));
+  auto* out = h.data<std::uint8_t>();
+  out[0] = kWireVersion;
+  out[1] = kind;
+  std::size_t at = 2;
+  for (const std::uint64_t v : extra) {
+    put_u64(out + at, v);
+    at += 8;
   }
-  return layout;
+  for (std::size_t i = 0; i < n; ++i) {
+    put_u64(out + at, (*sizes)[i].size());
+    at += 8;
+  }
+  return h;
 }
 
 Frame adopt(::zmq::message_t&& part) {
@@ -57,110 +71,196 @@ Frame adopt(::zmq::message_t&& part) {
   return Frame(std::move(holder), data, size);
 }
 
-// One copy into memory backed by huge pages where the kernel allows: a fresh 64 MiB buffer
-// otherwise takes 16384 page faults, which on the project's VMs cost more than decrypting it.
-Frame assemble(std::vector<::zmq::message_t>& parts, std::size_t first, std::size_t size) {
+// Memory backed by huge pages where the kernel allows: a fresh 64 MiB buffer otherwise takes
+// 16384 page faults, which on the project's VMs cost more than decrypting it.
+std::shared_ptr<std::uint8_t> frame_buffer(std::size_t size) {
   const std::size_t capacity = (size + kHugePage - 1) / kHugePage * kHugePage;
   auto* bytes = static_cast<std::uint8_t*>(std::aligned_alloc(kHugePage, capacity));
   XLOCO_ENFORCE(bytes != nullptr, TransportError, "cannot allocate {} bytes for a frame", size);
-  std::shared_ptr<std::uint8_t> owner(bytes, std::free);
   (void)::madvise(bytes, capacity, MADV_HUGEPAGE);  // a hint; without THP it is plain memory
-  std::size_t offset = 0;
-  for (std::size_t i = first; offset < size; ++i) {
-    std::memcpy(bytes + offset, parts[i].data(), parts[i].size());
-    offset += parts[i].size();
-    parts[i].rebuild();  // each part is freed once copied: the frame is never held twice
+  return std::shared_ptr<std::uint8_t>(bytes, std::free);
+}
+
+// Sends `parts` as one ZeroMQ message without waiting. Only the first part can block or fail
+// to route: libzmq checks the high-water mark and the peer at message boundaries.
+UnitStatus send_parts(::zmq::socket_t& socket, std::vector<::zmq::message_t>& parts) {
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    auto flags = ::zmq::send_flags::dontwait;
+    if (i + 1 < parts.size()) flags = flags | ::zmq::send_flags::sndmore;
+    std::optional<std::size_t> sent;
+    try {
+      sent = socket.send(parts[i], flags);
+    } catch (const ::zmq::error_t& e) {
+      if (i == 0 && e.num() == EHOSTUNREACH) return UnitStatus::kNoPeer;
+      throw TransportError(fmt::format("send failed: {}", e.what()));
+    }
+    if (!sent) {
+      XLOCO_ENFORCE(i == 0, TransportError, "send blocked after the first part of a message");
+      return UnitStatus::kBlocked;
+    }
   }
-  return Frame(std::move(owner), bytes, size);
+  return UnitStatus::kTaken;
 }
 
 }  // namespace
 
-SendStatus send_message(::zmq::socket_t& socket, const std::string* routing_id,
-                        const Message& message) {
-  XLOCO_ENFORCE(!message.empty(), NetError, "cannot send a message without frames");
-  std::size_t total = (routing_id ? 1 : 0) + 1;
-  for (const Frame& frame : message) total += parts_of(frame.size());
-  std::size_t sent_parts = 0;
-  const auto send_part = [&](::zmq::message_t part) {
-    const bool first = sent_parts == 0;
-    const auto flags =
-        ++sent_parts < total ? ::zmq::send_flags::sndmore : ::zmq::send_flags::none;
-    std::optional<std::size_t> sent;
-    try {
-      sent = socket.send(part, flags);
-    } catch (const ::zmq::error_t& e) {
-      if (first && e.num() == EHOSTUNREACH) return SendStatus::kNoPeer;
-      throw TransportError(fmt::format("send failed: {}", e.what()));
-    }
-    if (sent) return SendStatus::kSent;
-    XLOCO_ENFORCE(first, TransportError, "send blocked after the first part of a message");
-    return SendStatus::kTimeout;
-  };
-
-  if (routing_id) {
-    const SendStatus status = send_part(::zmq::message_t(*routing_id));
-    if (status != SendStatus::kSent) return status;
-  }
-  const SendStatus status = send_part(layout_of(message));
-  if (status != SendStatus::kSent) return status;
-  for (const Frame& frame : message) {
-    for (std::size_t offset = 0; offset < frame.size(); offset += kChunkBytes) {
-      (void)send_part(slice(frame, offset, std::min(kChunkBytes, frame.size() - offset)));
-    }
-  }
-  return SendStatus::kSent;
+bool fits_one_chunk(const Message& message) {
+  std::size_t total = 0;
+  for (const Frame& f : message) total += f.size();
+  return total <= kChunkBytes;
 }
 
-std::optional<Message> unpack_message(std::vector<::zmq::message_t>& parts, std::size_t first,
-                                      std::int64_t max_frame_bytes, std::string& error) {
-  if (first >= parts.size()) {
-    error = "no layout part";
+UnitResult send_unit(::zmq::socket_t& socket, const std::string* routing_id, Outbox::Item& item,
+                     std::uint64_t stream) {
+  std::vector<::zmq::message_t> parts;
+  if (routing_id) parts.emplace_back(*routing_id);
+  UnitResult result;
+  if (fits_one_chunk(item.message)) {
+    parts.push_back(header(kWhole, {}, &item.message));
+    for (const Frame& f : item.message) parts.push_back(slice(f, 0, f.size()));
+    result = {UnitStatus::kTaken, item.bytes, true};
+  } else if (!item.started) {
+    parts.push_back(header(kStart, {stream}, &item.message));
+    result = {UnitStatus::kTaken, 0, false};
+  } else {
+    // The chunk at item.taken: chunks never cross a frame's end.
+    std::size_t offset = item.taken;
+    std::size_t f = 0;
+    while (offset >= item.message[f].size()) offset -= item.message[f++].size();
+    const std::size_t n = std::min(kChunkBytes, item.message[f].size() - offset);
+    parts.push_back(header(kChunk, {stream, item.taken}, nullptr));
+    parts.push_back(slice(item.message[f], offset, n));
+    result = {UnitStatus::kTaken, n, item.taken + n == item.bytes};
+  }
+  result.status = send_parts(socket, parts);
+  return result;
+}
+
+void Reassembly::reset() {
+  active_ = false;
+  refused_.reset();
+  sizes_.clear();
+  buffers_.clear();
+  total_ = received_ = 0;
+}
+
+std::optional<Message> Reassembly::take(std::vector<::zmq::message_t>& parts, std::size_t first,
+                                        std::int64_t max_frame_bytes, std::string& error) {
+  error.clear();
+  if (first >= parts.size() || parts[first].size() < 2) {
+    error = "no header part";
     return std::nullopt;
   }
-  const ::zmq::message_t& layout = parts[first];
-  const auto* in = layout.data<std::uint8_t>();
-  if (layout.size() < 9 || (layout.size() - 1) % 8 != 0 || in[0] != kLayoutVersion) {
-    error = fmt::format("malformed layout part ({} bytes)", layout.size());
+  const auto* in = parts[first].data<std::uint8_t>();
+  const std::size_t size = parts[first].size();
+  if (in[0] != kWireVersion) {
+    error = fmt::format("wire format version {}, this end speaks {}", in[0], kWireVersion);
     return std::nullopt;
   }
-  std::vector<std::uint64_t> sizes((layout.size() - 1) / 8, 0);
-  const std::size_t available = parts.size() - first - 1;
-  std::size_t expected = 0;
-  for (std::size_t i = 0; i < sizes.size() && expected <= available; ++i) {
-    for (int b = 0; b < 8; ++b) sizes[i] |= std::uint64_t{in[1 + 8 * i + b]} << (8 * b);
-    if (max_frame_bytes >= 0 && sizes[i] > static_cast<std::uint64_t>(max_frame_bytes)) {
-      error = fmt::format("a frame of {} bytes is over max_frame_bytes ({})", sizes[i],
-                          max_frame_bytes);
+  const std::size_t extra_parts = parts.size() - first - 1;
+  if (in[1] == kStart) return start(in, size, extra_parts, max_frame_bytes, error);
+  if (in[1] == kChunk) return chunk(in, size, parts, first, error);
+  if (in[1] != kWhole || size < 10 || (size - 2) % 8 != 0 || (size - 2) / 8 != extra_parts) {
+    error = fmt::format("malformed header part ({} bytes, {} parts)", size, extra_parts);
+    return std::nullopt;
+  }
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < extra_parts; ++i) {
+    const std::uint64_t declared = get_u64(in + 2 + 8 * i);
+    total += parts[first + 1 + i].size();
+    if (declared != parts[first + 1 + i].size() || total > kChunkBytes) {
+      error = "a part's size does not match its header, or the message is over one chunk";
       return std::nullopt;
     }
-    expected += parts_of(sizes[i]);
-  }
-  if (expected != available) {
-    error = fmt::format("the layout does not match the {} parts received", available);
-    return std::nullopt;
   }
   Message message;
-  message.reserve(sizes.size());
-  std::size_t next = first + 1;
-  for (const std::uint64_t size : sizes) {
-    const std::size_t count = parts_of(size);
-    for (std::size_t k = 0; k < count; ++k) {
-      const std::size_t want = k + 1 < count ? kChunkBytes : size - k * kChunkBytes;
-      if (parts[next + k].size() != want) {
-        error = "a part's size does not match the layout";
-        return std::nullopt;
-      }
-    }
-    if (count == 0) {
-      message.emplace_back();
-    } else if (count == 1) {
-      message.push_back(adopt(std::move(parts[next])));
-    } else {
-      message.push_back(assemble(parts, next, static_cast<std::size_t>(size)));
-    }
-    next += count;
+  message.reserve(extra_parts);
+  for (std::size_t i = 0; i < extra_parts; ++i) message.push_back(adopt(std::move(parts[first + 1 + i])));
+  return message;
+}
+
+std::optional<Message> Reassembly::start(const std::uint8_t* in, std::size_t size,
+                                         std::size_t parts, std::int64_t max_frame_bytes,
+                                         std::string& error) {
+  if (size < 18 || (size - 10) % 8 != 0 || parts != 0) {
+    error = fmt::format("malformed stream start ({} bytes, {} parts)", size, parts);
+    return std::nullopt;
   }
+  if (active_) {
+    error = fmt::format("stream {} ended unfinished after {} of {} bytes: a new one began",
+                        stream_, received_, total_);
+  }
+  reset();
+  const std::size_t n = (size - 10) / 8;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t s = get_u64(in + 10 + 8 * i);
+    if (max_frame_bytes >= 0 && s > static_cast<std::uint64_t>(max_frame_bytes)) {
+      error = fmt::format("a frame of {} bytes is over max_frame_bytes ({})", s, max_frame_bytes);
+      reset();
+      refused_ = get_u64(in + 2);
+      return std::nullopt;
+    }
+    total += s;
+    sizes_.push_back(s);
+  }
+  stream_ = get_u64(in + 2);
+  total_ = total;
+  buffers_.resize(n);
+  active_ = true;
+  if (total_ > 0) return std::nullopt;
+  Message empty(n);
+  reset();
+  return empty;
+}
+
+std::optional<Message> Reassembly::chunk(const std::uint8_t* in, std::size_t size,
+                                         std::vector<::zmq::message_t>& parts, std::size_t first,
+                                         std::string& error) {
+  if (size != 18 || parts.size() != first + 2) {
+    error = "malformed chunk";
+    reset();
+    return std::nullopt;
+  }
+  const std::uint64_t stream = get_u64(in + 2);
+  const std::uint64_t offset = get_u64(in + 10);
+  ::zmq::message_t& data = parts[first + 1];
+  if (!active_ && refused_ == stream) {
+    ++skipped_;  // its START was refused and said so; the rest of it goes quietly
+    return std::nullopt;
+  }
+  if (!active_ || stream != stream_ || offset != received_ || data.size() == 0 ||
+      data.size() > kChunkBytes) {
+    error = active_ ? fmt::format("chunk of stream {} at {} (+{}) does not continue stream {} at {}",
+                                  stream, offset, data.size(), stream_, received_)
+                    : fmt::format("chunk of stream {} with no stream started", stream);
+    reset();
+    return std::nullopt;
+  }
+  std::size_t f = 0;
+  std::uint64_t at = offset;
+  while (at >= sizes_[f]) at -= sizes_[f++];
+  if (at + data.size() > sizes_[f]) {
+    error = "a chunk crosses the end of its frame";
+    reset();
+    return std::nullopt;
+  }
+  if (!buffers_[f]) buffers_[f] = frame_buffer(sizes_[f]);
+  std::memcpy(buffers_[f].get() + at, data.data(), data.size());
+  received_ += data.size();
+  data.rebuild();  // the chunk is freed once copied: the frame is never held twice
+  if (received_ < total_) return std::nullopt;
+  Message message;
+  message.reserve(sizes_.size());
+  for (std::size_t i = 0; i < sizes_.size(); ++i) {
+    if (sizes_[i] == 0) {
+      message.emplace_back();
+    } else {
+      const std::uint8_t* bytes = buffers_[i].get();
+      message.emplace_back(std::move(buffers_[i]), bytes, sizes_[i]);
+    }
+  }
+  reset();
   return message;
 }
 
