@@ -52,6 +52,14 @@ net::Frame GlobalModel::full_state() {
   return frame;
 }
 
+net::Welcome GlobalModel::welcome(int shard, bool with_state) {
+  net::Welcome w;
+  w.shard_index = static_cast<uint32_t>(shard);
+  w.shard_count = config_.outer.shared_data ? 1u : static_cast<uint32_t>(config_.outer.providers);
+  if (with_state) w.state = full_state();
+  return w;
+}
+
 GlobalModel::Closed GlobalModel::close_round() {
   torch::NoGradGuard guard;
   Closed out;

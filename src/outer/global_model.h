@@ -19,6 +19,7 @@
 #include "inner/dist.h"
 #include "inner/trainer.h"
 #include "net/frame.h"
+#include "net/protocol.h"
 #include "outer/aggregate.h"
 #include "outer/documents.h"
 #include "outer/outer_opt.h"
@@ -46,6 +47,8 @@ class GlobalModel {
   // shared by every joiner while any send queue still holds it: K providers joining at once
   // cost one state frame of memory, not K.
   net::Frame full_state();
+  // A WELCOME to data shard `shard`, with the full state when `with_state`.
+  net::Welcome welcome(int shard, bool with_state);
   // The last UPDATE (empty before the first), for a provider exactly one round behind.
   const net::Frame& last_update() const { return last_update_; }
 

@@ -1,6 +1,5 @@
 #include "outer/head.h"
 
-#include <chrono>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -17,14 +16,6 @@
 
 namespace xloco::outer {
 namespace fs = std::filesystem;
-
-namespace {
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-}  // namespace
 
 struct Head::Impl {
   common::Config cfg;
@@ -77,11 +68,8 @@ struct Head::Impl {
     const auto st = net->send(peer, net::encode(env), {urgent});
     if (st == net::SendStatus::kSent) return;
     spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
-    auto it = members.find(peer);
-    if (it != members.end() && is_live(it->second.state)) {
-      set_state({peer, MemberState::kDead, st == net::SendStatus::kNoPeer
-                                               ? std::string("connection lost")
-                                               : "its send queue is full: it does not keep up"});
+    if (auto it = members.find(peer); it != members.end() && is_live(it->second.state)) {
+      set_state(failed_send(peer, st));
     }
   }
 
@@ -92,14 +80,16 @@ struct Head::Impl {
 
   void set_state(const Transition& t) {
     Member& m = members[t.name];
-    const bool quiet = m.state == t.to || (m.state == MemberState::kJoining && t.to == MemberState::kActive);
-    if (!quiet) {
+    if (const auto line = transition_log(t.name, m.state, t)) {
       const bool bad = t.to == MemberState::kDead || t.to == MemberState::kStraggling;
-      spdlog::log(bad ? spdlog::level::warn : spdlog::level::info, "provider {}: {} -> {} ({})",
-                  t.name, to_string(m.state), to_string(t.to), t.reason);
+      spdlog::log(bad ? spdlog::level::warn : spdlog::level::info, "{}", *line);
     }
     m.state = t.to;
     m.reason = t.reason;
+    if (t.backoff) {
+      m.backoff_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(kStallBackoff * cfg.outer.dead_after_s));
+    }
     if (opts.observer.transition) opts.observer.transition(t);
     if (!is_live(t.to)) {
       leave_round(t.name);
@@ -111,6 +101,7 @@ struct Head::Impl {
   // (re)joined and takes part from the next round. Work it already handed in counts.
   void leave_round(const std::string& peer) {
     if (!in_round || round.contributed.count(peer) || !round.active.erase(peer)) return;
+    round.optional.erase(peer);
     reject(model.aggregator().skip(peer));
   }
 
@@ -166,18 +157,16 @@ struct Head::Impl {
     m.last_seen = m.admitted_at = Clock::now();
     m.address = address;
     leave_round(peer);
-    net::Welcome w;
-    w.shard_index = static_cast<uint32_t>(a.shard);
-    w.shard_count = cfg.outer.shared_data ? 1u : static_cast<uint32_t>(cfg.outer.providers);
-    if (a.sync == SyncAction::kFullState) w.state = model.full_state();
+    const net::Welcome w = model.welcome(a.shard, a.sync == SyncAction::kFullState);
     if (a.sync == SyncAction::kUpdate) {
       send(peer, net::Update{model.last_update()}, done_rounds);  // before the WELCOME: order is kept
       ledger.count_down(m, model.last_update().size());
     }
     ledger.count_down(m, w.state.size());
     send(peer, w, done_rounds);
+    // A newcomer or one back from the dead joins; a live one resynchronising keeps its state.
     if (a.fresh) m.state = MemberState::kJoining;  // a newcomer has no state to leave
-    set_state({peer, MemberState::kJoining, a.reason});
+    set_state({peer, is_live(m.state) ? m.state : MemberState::kJoining, a.reason});
     spdlog::info("provider {} {} from {}, {} live", peer, a.reason, address.empty() ? "?" : address,
                  live_count(members));
   }
@@ -223,8 +212,9 @@ struct Head::Impl {
     round.started = Clock::now();
     std::vector<double> recent;
     for (auto& [name, m] : members) {
-      if (!is_live(m.state)) continue;
+      if (!takes_part(m, net->link_state(name))) continue;
       round.active.insert(name);
+      if (m.state == MemberState::kStraggling) round.optional.insert(name);
       recent.insert(recent.end(), m.round_s.begin(), m.round_s.end());
       if (m.state == MemberState::kJoining) set_state({name, MemberState::kActive, fmt::format("in round {}", round.round)});
     }
@@ -271,14 +261,12 @@ struct Head::Impl {
   // ------------------------------------------------------------------ the loop
   int run() {
     common::install_forwarding_handlers();
-    spdlog::info("head: run {} | {} rounds of H={} | codec up {} down {} | waiting for {} providers",
-                 cfg.run.name, total, cfg.outer.inner_steps, common::to_string(cfg.outer.codec_up),
-                 common::to_string(cfg.outer.codec_down), cfg.outer.providers);
+    ledger.announce();
     while (static_cast<int>(done_rounds) < total) {
       if (common::pending_signal() != 0 || stop_requested) {
         spdlog::warn("head interrupted after round {}; checkpointing", done_rounds);
         checkpoint();
-        say_goodbye("head interrupted");
+        broadcast(net::Bye{"head interrupted"});
         return 130;
       }
       if (auto rx = net->receive(std::chrono::milliseconds(50))) handle(*rx);
@@ -306,8 +294,7 @@ struct Head::Impl {
     housekeeping();
   }
 
-  // Liveness (silent providers are dead, unless the head was not listening), heartbeats to the
-  // live ones, the status snapshot.
+  // Liveness (unless the head was not listening), heartbeats, the status snapshot.
   void housekeeping() {
     const auto now = Clock::now();
     const auto gap = now - std::exchange(last_listen, now);
@@ -318,13 +305,10 @@ struct Head::Impl {
       m.last_seen = forgiven(m.last_seen, now, gap);
       links[name] = net->link_state(name);
     }
-    for (const auto& t : sweep(now, members, cfg.outer)) set_state(t);
-    for (const auto& t : stalled(now, listening_since, members, links, cfg.outer)) set_state(t);
+    for (const auto& t : liveness(now, listening_since, members, links, cfg.outer)) set_state(t);
     if (std::chrono::duration<double>(now - last_heartbeat).count() >= cfg.outer.heartbeat_s) {
       last_heartbeat = now;
-      for (const auto& [name, m] : members) {
-        if (is_live(m.state)) send(name, net::Heartbeat{}, done_rounds);
-      }
+      broadcast(net::Heartbeat{});
     }
     if (std::chrono::duration<double>(now - last_publish).count() >= 0.25) {
       last_publish = now;
@@ -339,16 +323,16 @@ struct Head::Impl {
                                   model.pub_hash()));
   }
 
-  void say_goodbye(const std::string& why) {
+  void broadcast(const net::Body& body) {
     for (const auto& [name, m] : members) {
-      if (is_live(m.state)) send(name, net::Bye{why}, done_rounds);
+      if (is_live(m.state)) send(name, body, done_rounds);
     }
   }
 
   void finish() {
     publish_status("done");
     checkpoint();
-    say_goodbye("run complete");
+    broadcast(net::Bye{"run complete"});
     ledger.finish(done_rounds, model.pub_hash(), model.param_bytes(),
                   opts.summary_file.empty() ? (fs::path(opts.run_dir) / "summary.json").string()
                                             : opts.summary_file);

@@ -7,14 +7,6 @@
 #include "common/checkpoint.h"
 
 namespace xloco::outer {
-namespace {
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-}  // namespace
-
 RunLedger::RunLedger(const common::Config& config, const std::string& run_dir)
     : config_(config), total_(common::total_rounds(config)),
       metrics_path_((std::filesystem::path(run_dir) / "metrics" / "head.jsonl").string()) {}
@@ -27,6 +19,13 @@ void RunLedger::count_up(Member& m, size_t bytes) {
 void RunLedger::count_down(Member& m, size_t bytes) {
   m.bytes_down += static_cast<double>(bytes);
   summary_.bytes_down += static_cast<double>(bytes);
+}
+
+void RunLedger::announce() const {
+  spdlog::info("head: run {} | {} rounds of H={} | codec up {} down {} | waiting for {} providers",
+               config_.run.name, total_, config_.outer.inner_steps,
+               common::to_string(config_.outer.codec_up), common::to_string(config_.outer.codec_down),
+               config_.outer.providers);
 }
 
 double RunLedger::uptime_s() const { return seconds_since(started_); }

@@ -19,6 +19,7 @@ namespace xloco::outer {
 class RunLedger {
  public:
   RunLedger(const common::Config& config, const std::string& run_dir);
+  void announce() const;  // the run's first log line
 
   void count_up(Member& m, size_t bytes);
   void count_down(Member& m, size_t bytes);

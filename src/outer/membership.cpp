@@ -86,6 +86,12 @@ Admission admit(Clock::time_point now, const std::string& peer, const net::Hello
     return a;
   }
   const auto it = members.find(peer);
+  if (it != members.end() && !is_live(it->second.state) && now < it->second.backoff_until) {
+    a.ignore = true;
+    a.reason = fmt::format("a HELLO from {}, dead for not keeping up: ignored for {:.0f}s more",
+                           peer, std::chrono::duration<double>(it->second.backoff_until - now).count());
+    return a;
+  }
   if (it != members.end() && is_live(it->second.state) &&
       it->second.admitted_at != Clock::time_point{}) {
     const double since = std::chrono::duration<double>(now - it->second.admitted_at).count();
@@ -218,10 +224,38 @@ std::vector<Transition> stalled(Clock::time_point now, Clock::time_point listeni
       out.push_back({name, MemberState::kDead,
                      fmt::format("its link took nothing for {:.1f}s with {} bytes queued "
                                  "(outer.dead_after_s {:g}): it does not keep up",
-                                 s, link.queued_bytes, config.dead_after_s)});
+                                 s, link.queued_bytes, config.dead_after_s),
+                     /*backoff=*/true});
     }
   }
   return out;
+}
+
+std::vector<Transition> liveness(Clock::time_point now, Clock::time_point listening_since,
+                                 const Members& members,
+                                 const std::map<std::string, net::LinkState>& links,
+                                 const common::OuterConfig& config) {
+  auto out = sweep(now, members, config);
+  for (auto& t : stalled(now, listening_since, members, links, config)) {
+    if (std::none_of(out.begin(), out.end(), [&](const Transition& d) { return d.name == t.name; })) {
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+Transition failed_send(const std::string& peer, net::SendStatus status) {
+  const bool full = status == net::SendStatus::kFull;
+  return {peer, MemberState::kDead,
+          full ? "its send queue is full: it does not keep up" : "connection lost", full};
+}
+
+std::optional<std::string> transition_log(const std::string& name, MemberState from,
+                                          const Transition& t) {
+  if (from == t.to || (from == MemberState::kJoining && t.to == MemberState::kActive)) {
+    return std::nullopt;
+  }
+  return fmt::format("provider {}: {} -> {} ({})", name, to_string(from), to_string(t.to), t.reason);
 }
 
 std::vector<Transition> stragglers(const RoundState& round, const std::string& why) {
@@ -238,6 +272,11 @@ Clock::time_point forgiven(Clock::time_point last_seen, Clock::time_point now,
                            Clock::duration gap) {
   if (gap < std::chrono::seconds(1)) return last_seen;
   return std::min(now, last_seen + gap);
+}
+
+bool takes_part(const Member& member, const net::LinkState& link) {
+  if (!is_live(member.state)) return false;
+  return member.state != MemberState::kJoining || link.queued_bytes == 0;
 }
 
 std::vector<std::string> aggregation_order(const RoundState& round, const Members& members) {

@@ -36,6 +36,7 @@ struct Member {
   std::string reason;                      // why it is in that state
   Clock::time_point last_seen{};           // epoch until its first HELLO to this head process
   Clock::time_point admitted_at{};         // its last admission (WELCOME) by this head process
+  Clock::time_point backoff_until{};       // dead for not keeping up: its HELLOs wait until then
   uint64_t last_round = 0;                 // last round it contributed to
   uint64_t tokens = 0;                     // contributed over the run
   uint64_t step = 0;                       // from its heartbeats
@@ -134,7 +135,12 @@ struct Transition {
   std::string name;
   MemberState to = MemberState::kDead;
   std::string reason;
+  bool backoff = false;  // dead for not keeping up: its HELLOs are ignored for kStallBackoff
 };
+// How long a member declared dead for not keeping up (a stalled link, a full queue) waits
+// before a HELLO of it is answered, in multiples of outer.dead_after_s: so that a peer that
+// takes nothing cannot be sent a full state over and over.
+inline constexpr double kStallBackoff = 10;
 // Live members silent past outer.dead_after_s are dead.
 std::vector<Transition> sweep(Clock::time_point now, const Members& members,
                               const common::OuterConfig& config);
@@ -145,12 +151,26 @@ std::vector<Transition> stalled(Clock::time_point now, Clock::time_point listeni
                                 const Members& members,
                                 const std::map<std::string, net::LinkState>& links,
                                 const common::OuterConfig& config);
+// Both rules above: who is dead now, for silence or for a stalled link.
+std::vector<Transition> liveness(Clock::time_point now, Clock::time_point listening_since,
+                                 const Members& members,
+                                 const std::map<std::string, net::LinkState>& links,
+                                 const common::OuterConfig& config);
+// A send that failed: the peer is gone (kNoPeer), or its queue is full (kFull, with backoff).
+Transition failed_send(const std::string& peer, net::SendStatus status);
 // At a round's close, the active members that did not contribute are straggling.
 std::vector<Transition> stragglers(const RoundState& round, const std::string& why);
 // A member silent only because the head could not listen for `gap` (a checkpoint's fsync, a
 // long evaluation step) has that time forgiven; gaps under a second are ordinary.
 Clock::time_point forgiven(Clock::time_point last_seen, Clock::time_point now,
                            Clock::duration gap);
+// The line the head logs for a change of state (none for a joiner's first round).
+std::optional<std::string> transition_log(const std::string& name, MemberState from,
+                                          const Transition& t);
+
+// Whether a live member takes part in the next round: a joiner only once its link has taken
+// its WELCOME (the state must reach it before the round can count on it).
+bool takes_part(const Member& member, const net::LinkState& link);
 
 // The order in which a round adds its contributions into Δ: by shard, then by name.
 std::vector<std::string> aggregation_order(const RoundState& round, const Members& members);

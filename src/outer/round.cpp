@@ -9,13 +9,17 @@ namespace xloco::outer {
 
 RoundDecision decide(Clock::time_point now, const RoundState& state,
                      const common::OuterConfig& config) {
-  std::set<std::string> missing;
+  std::set<std::string> missing, skipped;
   for (const auto& p : state.active) {
-    if (!state.contributed.count(p)) missing.insert(p);
+    if (state.contributed.count(p)) continue;
+    (state.optional.count(p) ? skipped : missing).insert(p);
   }
   const auto got = state.contributed.size();
   if (missing.empty() && got > 0) {
-    return {RoundAction::kClose, fmt::format("all {} active providers contributed", got)};
+    return {RoundAction::kClose,
+            skipped.empty() ? fmt::format("all {} active providers contributed", got)
+                            : fmt::format("all {} active providers contributed; not waiting for "
+                                          "straggling {}", got, fmt::join(skipped, ", "))};
   }
   const double limit = state.deadline_s > 0 ? state.deadline_s : config.round_timeout_s;
   const auto deadline = state.started + std::chrono::duration_cast<Clock::duration>(

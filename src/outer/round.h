@@ -18,11 +18,16 @@ namespace xloco::outer {
 
 using Clock = std::chrono::steady_clock;
 
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
 struct RoundState {
   uint64_t round = 0;                          // the round in progress (1-based)
   Clock::time_point started{};                 // when ROUND_START went out
   double deadline_s = 0;                       // from round_deadline_s(); 0 = outer.round_timeout_s
-  std::set<std::string> active;                // providers expected to contribute
+  std::set<std::string> active;                // providers sent the round; their contributions count
+  std::set<std::string> optional;              // of those, stragglers the round does not wait for
   std::map<std::string, uint64_t> contributed; // provider -> tokens, this round
 };
 
@@ -37,8 +42,8 @@ struct RoundDecision {
   bool overdue = false;  // waiting past the deadline (too few contributions): worth a warning
 };
 
-// Close when every active provider has contributed, or at the deadline when at least
-// outer.min_providers have; otherwise wait (saying for whom).
+// Close when every active provider but the optional ones has contributed, or at the deadline
+// when at least outer.min_providers have; otherwise wait (saying for whom).
 RoundDecision decide(Clock::time_point now, const RoundState& state,
                      const common::OuterConfig& config);
 

@@ -175,6 +175,27 @@ TEST_SUITE("elastic_rules") {
     CHECK(!outer::decide(at(1014), s, c).overdue);  // before the deadline: not overdue
   }
 
+  TEST_CASE("a round does not wait for its stragglers, but counts them when they come in time") {
+    common::OuterConfig c;
+    c.min_providers = 1;
+    c.round_timeout_s = 100;
+    outer::RoundState s;
+    s.started = at(0);
+    s.active = {"a", "b", "slow"};
+    s.optional = {"slow"};
+    s.contributed = {{"a", 1}};
+    CHECK(outer::decide(at(1), s, c).action == outer::RoundAction::kWait);
+    s.contributed["b"] = 1;
+    const auto d = outer::decide(at(1), s, c);
+    CHECK(d.action == outer::RoundAction::kClose);
+    CHECK(d.reason == "all 2 active providers contributed; not waiting for straggling slow");
+    s.contributed["slow"] = 1;
+    CHECK(outer::decide(at(1), s, c).reason == "all 3 active providers contributed");
+    s.contributed = {};
+    s.active = {"slow"};  // only stragglers: nothing closes before the deadline
+    CHECK(outer::decide(at(1), s, c).action == outer::RoundAction::kWait);
+  }
+
   TEST_CASE("round 1 waits for all K, then min_providers after the grace; later rounds pause below min_providers") {
     common::OuterConfig c;
     c.providers = 4;
@@ -471,6 +492,79 @@ TEST_SUITE("elastic") {
     for (const auto& x : all) {
       CHECK(contributed(x, "p0"));
       CHECK(contributed(x, "p1"));
+    }
+  }
+
+  TEST_CASE("a rogue allow-listed client that never reads: the head stays up, the honest rounds keep their pace, the rogue is dead, the head's memory is bounded") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    // A 3.2 M-parameter model: a full state (12.8 MB) is what a join costs the head's link.
+    Cluster c("rogue", " --set inner.steps=1000000 --set outer.inner_steps=10 --set outer.min_providers=2"
+                       " --set model.d_model=256 --set model.n_layer=4 --set model.n_head=4"
+                       " --set outer.start_grace_s=0", 3, {"p0", "p1", "rogue"});
+    c.head();
+    c.worker("p0");
+    c.worker("p1");
+    REQUIRE(c.wait_rounds(12));
+    const auto round_gaps = [&](size_t from) {  // seconds between consecutive round closes
+      std::vector<double> gaps;
+      const auto all = c.rounds();
+      for (size_t i = std::max<size_t>(from, 1); i < all.size(); ++i) {
+        gaps.push_back(all[i]["round_wall_s"].get<double>());
+      }
+      std::sort(gaps.begin(), gaps.end());
+      return gaps;
+    };
+    const auto before = round_gaps(4);
+    const size_t rogue_from = c.rounds().size();
+    const auto head_rss = [&] {
+      std::ifstream in("/proc/" + std::to_string(c.pids["head"]) + "/status");
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+      }
+      return 0LL;
+    };
+    const long long rss_before = head_rss();
+    long long rss_peak = rss_before;
+    {
+      net::zeromq::ClientOptions co;
+      co.connect = c.endpoint();
+      co.key = net::load_keypair((c.keys / "rogue.key").string());
+      co.server_public_key = net::load_public_key((c.keys / "head.pub").string());
+      co.link.receive_hwm = 1;
+      co.link.linger = std::chrono::milliseconds(0);
+      net::zeromq::Client rogue(co);  // sends, and never reads
+      const auto cfg = common::load_config(test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json",
+                                           c.overrides());
+      const auto end = Clock::now() + std::chrono::seconds(60);
+      while (Clock::now() < end) {
+        (void)rogue.send(net::kHeadPeer, net::encode({"el", 0, net::Hello{"rogue", common::config_hash(cfg), 0, "", -1}}));
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        rss_peak = std::max(rss_peak, head_rss());
+        REQUIRE(c.alive("head"));
+      }
+    }
+    const auto during = round_gaps(rogue_from + 1);
+    const double median_before = before[before.size() / 2], median_during = during[during.size() / 2];
+    const std::string log = c.head_log();
+    INFO(log.substr(log.size() > 20000 ? log.size() - 20000 : 0));
+    MESSAGE("round wall: median " << median_before << " s without the rogue (" << before.size()
+            << " rounds), " << median_during << " s with it (" << during.size() << " rounds, longest "
+            << during.back() << " s); head RSS " << rss_before / (1 << 20) << " MiB before, peak "
+            << rss_peak / (1 << 20) << " MiB with the rogue");
+    CHECK(c.alive("head"));
+    CHECK(log.find("Assertion") == std::string::npos);
+    CHECK(median_during <= 1.5 * median_before);  // the same pace, give or take this machine's noise
+    CHECK(log.find("provider rogue: ") != std::string::npos);
+    CHECK(log.find("-> dead (its link took nothing for") != std::string::npos);
+    CHECK(rss_peak - rss_before < (96LL << 20));
+    // The honest providers were in every round.
+    for (size_t i = rogue_from; i < c.rounds().size(); ++i) {
+      CHECK(contributed(c.rounds()[i], "p0"));
+      CHECK(contributed(c.rounds()[i], "p1"));
     }
   }
 

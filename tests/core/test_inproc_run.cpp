@@ -246,6 +246,7 @@ TEST_SUITE("inproc_run") {
     run.cfg.outer.deadline_min_s = 0.3;
     run.cfg.outer.deadline_multiple = 2;
     run.cfg.outer.dead_after_s = 5;  // its heartbeats are late too, but it is not dead
+    run.cfg.inner.steps = 200;  // 40 rounds: a straggler is not waited for, so rounds go on fast
     run.on_round = [&](const outer::RoundRecord& r) {
       if (r.round == 2) run.network->faults().delay("p1", 600ms, net::inproc::Direction::kFromPeer);
     };
@@ -253,7 +254,7 @@ TEST_SUITE("inproc_run") {
     for (int i = 0; i < 3; ++i) run.provider("p" + std::to_string(i), i);
     CHECK(run.run_head(*head) == 0);
     run.join();
-    REQUIRE(run.verdicts.rounds.size() == 6);
+    REQUIRE(run.verdicts.rounds.size() == 40);
     bool closed_without = false;
     for (const auto& r : run.verdicts.rounds) {
       if (r.round <= 2) continue;
@@ -262,7 +263,7 @@ TEST_SUITE("inproc_run") {
     CHECK(closed_without);
     CHECK(run.verdicts.transition("p1", MemberState::kStraggling));
     size_t late = 0;
-    for (uint64_t r = 3; r <= 6; ++r) late += run.verdicts.count("p1", r, ContributionAction::kDrop);
+    for (uint64_t r = 3; r <= 40; ++r) late += run.verdicts.count("p1", r, ContributionAction::kDrop);
     CHECK(late >= 1);
     CHECK(!run.verdicts.transition("p1", MemberState::kDead));
   }

@@ -146,6 +146,26 @@ TEST_SUITE("membership") {
     CHECK(admit(clock_at(199), "p0", hello("p0", 0), m, position(), welcome_on_its_way, c).admit);
   }
 
+  TEST_CASE("admission: a member dead for not keeping up is not answered until its backoff ends") {
+    Members m = {{"slow", live(0, 100, MemberState::kDead)}};
+    m["slow"].backoff_until = clock_at(300);
+    auto a = admit(clock_at(250), "slow", hello("slow", 0), m, position(), net::LinkState{}, three_shards());
+    CHECK(a.ignore);
+    CHECK(a.reason.find("ignored for 50s more") != std::string::npos);
+    CHECK(admit(clock_at(301), "slow", hello("slow", 0), m, position(), net::LinkState{}, three_shards()).admit);
+  }
+
+  TEST_CASE("a joiner takes part in rounds once its link has taken its WELCOME; stragglers take part") {
+    net::LinkState queued;
+    queued.queued_bytes = 1 << 20;
+    CHECK(!takes_part(live(0, 0, MemberState::kJoining), queued));
+    CHECK(takes_part(live(0, 0, MemberState::kJoining), net::LinkState{}));
+    CHECK(takes_part(live(0, 0, MemberState::kActive), queued));  // an update in transfer
+    CHECK(takes_part(live(0, 0, MemberState::kStraggling), net::LinkState{}));
+    CHECK(!takes_part(live(0, 0, MemberState::kDead), net::LinkState{}));
+    CHECK(!takes_part(live(0, 0, MemberState::kLeft), net::LinkState{}));
+  }
+
   TEST_CASE("contribution: from a non-member or a dead member, refused with rejoin") {
     const Members m = {{"dead", live(0, 0, MemberState::kDead)}};
     const auto open = round_of(8, {"dead"});
@@ -234,6 +254,7 @@ TEST_SUITE("membership") {
     REQUIRE(t.size() == 1);
     CHECK(t[0].name == "stuck");
     CHECK(t[0].to == MemberState::kDead);
+    CHECK(t[0].backoff);
     CHECK(t[0].reason.find("took nothing for 10.0s with 100 bytes queued") != std::string::npos);
     t = stalled(clock_at(200), clock_at(197), m, links, three_shards());  // the head was deaf until 197
     CHECK(t.empty());
