@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,6 +108,8 @@ inline pid_t start_group(const std::string& args, const std::string& log) {
   if (pid < 0) return -1;
   if (pid == 0) {
     setpgid(0, 0);
+    // Dies with the test process, even one killed without unwinding (SIGKILL, SIGPIPE).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     const std::string cmd = "exec " + env_or("XLOCO_BIN", "xloco") + " " + args + " > " + log + " 2>&1";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
