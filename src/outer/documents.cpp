@@ -10,12 +10,14 @@ void to_json(nlohmann::json& j, const RoundRecord& r) {
   to_json(j, static_cast<const RoundFields&>(r));
   if (r.eval_loss) j["eval_loss"] = *r.eval_loss;
   if (r.eval_accuracy) j["eval_accuracy"] = *r.eval_accuracy;
+  if (r.eval_skipped) j["eval_skipped"] = *r.eval_skipped;
 }
 
 void from_json(const nlohmann::json& j, RoundRecord& r) {
   from_json(j, static_cast<RoundFields&>(r));
   r.eval_loss = j.value("eval_loss", nlohmann::json()).get<std::optional<double>>();
   r.eval_accuracy = j.value("eval_accuracy", nlohmann::json()).get<std::optional<double>>();
+  r.eval_skipped = j.value("eval_skipped", nlohmann::json()).get<std::optional<std::string>>();
 }
 
 template <typename T>

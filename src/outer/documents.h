@@ -92,6 +92,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants
 struct RoundRecord : RoundFields {
   std::optional<double> eval_loss;       // when the round was evaluated
   std::optional<double> eval_accuracy;   // cnn
+  std::optional<std::string> eval_skipped;  // why a round due for evaluation was not
 };
 void to_json(nlohmann::json& j, const RoundRecord& r);
 void from_json(const nlohmann::json& j, RoundRecord& r);

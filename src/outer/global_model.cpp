@@ -38,6 +38,16 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
   pub_hash_ = evaluator_->param_hash();
 }
 
+std::int64_t GlobalModel::max_update_bytes() const {
+  std::uint64_t payload = 0;
+  for (const auto& s : layout().slots) {
+    payload += compress::tensor_payload_bytes(to_codec(config_.outer.codec_down),
+                                              static_cast<std::uint64_t>(s.numel),
+                                              static_cast<std::uint32_t>(config_.outer.block_size));
+  }
+  return static_cast<std::int64_t>(payload) + (std::int64_t{1} << 20);
+}
+
 void GlobalModel::rehash() {
   prev_hash_ = pub_hash_;
   pub_hash_ = evaluator_->param_hash();
@@ -52,22 +62,75 @@ net::Frame GlobalModel::full_state() {
   return frame;
 }
 
-net::Welcome GlobalModel::welcome(int shard, bool with_state) {
+std::vector<std::pair<uint64_t, net::Body>> GlobalModel::join_messages(int shard, SyncAction sync) {
+  std::vector<std::pair<uint64_t, net::Body>> out;
+  if (sync == SyncAction::kUpdate) out.emplace_back(pub_round_, net::Update{last_update_});
   net::Welcome w;
   w.shard_index = static_cast<uint32_t>(shard);
   w.shard_count = config_.outer.shared_data ? 1u : static_cast<uint32_t>(config_.outer.providers);
-  if (with_state) w.state = full_state();
-  return w;
+  if (sync == SyncAction::kFullState) w.state = full_state();
+  out.emplace_back(pub_round_, std::move(w));
+  if (!pending_.empty()) out.emplace_back(pub_round_ + 1, net::Update{pending_});
+  return out;
+}
+
+namespace {
+struct Cancelled {};  // thrown between evaluation batches to stop early
+}  // namespace
+
+void GlobalModel::start_evaluation() {
+  XLOCO_ENFORCE(!evaluating(), common::Error, "an evaluation is already running");
+  eval_done_ = false;
+  eval_cancel_ = false;
+  eval_result_.reset();
+  eval_error_ = nullptr;
+  eval_thread_ = std::thread([this] {
+    try {
+      common::ScopedAllocPolicy heap(common::AllocPolicy::kEvaluating);
+      eval_result_ = evaluator_->evaluate(*data_, [this] {
+        if (eval_cancel_) throw Cancelled{};
+      });
+    } catch (const Cancelled&) {
+    } catch (...) {
+      eval_error_ = std::current_exception();
+    }
+    eval_done_ = true;
+  });
+}
+
+std::optional<GlobalModel::Evaluation> GlobalModel::end_evaluation(bool wait, bool cancel) {
+  if (!evaluating()) return std::nullopt;
+  if (cancel) eval_cancel_ = true;
+  if (!eval_done_ && !wait && !cancel) return std::nullopt;
+  eval_thread_.join();
+  if (eval_error_) std::rethrow_exception(std::exchange(eval_error_, nullptr));
+  Evaluation e{pub_round_, std::exchange(eval_result_, std::nullopt)};
+  if (!pending_.empty()) {
+    apply_update(dec_, pending_.data(), pending_.size(), config_.outer, theta_pub(), layout());
+    last_update_ = std::exchange(pending_, {});
+    state_owner_.reset();
+    ++pub_round_;
+    rehash();
+  }
+  return e;
+}
+
+GlobalModel::~GlobalModel() {
+  if (evaluating()) {
+    eval_cancel_ = true;
+    eval_thread_.join();
+  }
 }
 
 GlobalModel::Closed GlobalModel::close_round() {
+  XLOCO_ENFORCE(pending_.empty(), common::Error,
+                "round closed on a theta_pub one update behind: end the evaluation first");
   torch::NoGradGuard guard;
   Closed out;
   out.rejected = aggregator_.finish();
   torch::Tensor& delta = aggregator_.delta();
   if (aggregator_.added() > 0) opt_->step(theta_true_, delta);
-  last_update_ = {};  // the previous round's update is stale now: never hold two frames
-  state_owner_.reset();  // so is a full state of the old θ_pub
+
   std::vector<uint8_t> frame;
   if (config_.outer.codec_down == common::CodecKind::kFp32) {
     compress::encode(down_enc_, layout(), theta_true_, frame);
@@ -76,15 +139,17 @@ GlobalModel::Closed GlobalModel::close_round() {
     torch::sub_out(delta, theta_true_, theta_pub());  // Δ is spent: reuse its memory
     compress::encode(down_enc_, layout(), delta, frame);
   }
-  apply_update(dec_, frame.data(), frame.size(), config_.outer, theta_pub(), layout());
-  last_update_ = net::Frame(std::move(frame));
-  out.update = last_update_;
+  out.update = net::Frame(std::move(frame));
+  out.deferred = evaluating();
+  if (out.deferred) {
+    pending_ = out.update;  // θ_pub is being read: the update waits for the evaluation to end
+    return out;
+  }
+  apply_update(dec_, out.update.data(), out.update.size(), config_.outer, theta_pub(), layout());
+  last_update_ = out.update;  // the previous round's is stale now: never hold two
+  state_owner_.reset();       // so is a full state of the old θ_pub
+  ++pub_round_;
   return out;
-}
-
-inner::EvalStats GlobalModel::evaluate(const std::function<void()>& between_batches) {
-  common::ScopedAllocPolicy heap(common::AllocPolicy::kEvaluating);
-  return evaluator_->evaluate(*data_, between_batches);
 }
 
 std::string GlobalModel::write_checkpoint(const std::string& root, HeadCheckpointState state,
@@ -123,6 +188,7 @@ HeadCheckpointState GlobalModel::resume(const std::string& root, const std::stri
                 "{}: outer momentum does not match its hash in state.json", *dir);
   pub_hash_ = state.theta_pub_hash;
   prev_hash_.clear();
+  pub_round_ = state.round;
   state_owner_.reset();
   spdlog::info("resumed from {}: round {} done, theta_pub {}, momentum {}", *dir, state.round,
                state.theta_pub_hash, state.momentum_hash);

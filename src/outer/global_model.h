@@ -3,9 +3,21 @@
 // the downlink and of full states; evaluation of θ_pub on the validation windows; and the head
 // checkpoint, written atomically and verified against its hashes on resume. The event loop
 // (head.cpp) hands it frames and sends what it returns.
+//
+// Evaluation runs on its own thread, so rounds go on while it does. θ_pub is only read
+// meanwhile: the update of a round that closes during an evaluation waits, as its frame, and
+// is applied when the evaluation ends (pub_round() is then one behind the rounds closed). A
+// second round cannot close on a θ_pub one update behind, so the head ends the evaluation
+// first, by cancelling it: a round never waits for an evaluation, but one that is slower than
+// a round is skipped (and says so).
 #pragma once
 
+#include <atomic>
+#include <exception>
 #include <functional>
+#include <optional>
+#include <thread>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +34,7 @@
 #include "net/protocol.h"
 #include "outer/aggregate.h"
 #include "outer/documents.h"
+#include "outer/membership.h"
 #include "outer/outer_opt.h"
 
 namespace xloco::outer {
@@ -36,8 +49,12 @@ class GlobalModel {
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
   // The largest codec frame of this model: every parameter in fp32 plus header and tables.
   std::int64_t max_frame_bytes() const { return layout().bytes() + (std::int64_t{1} << 20); }
+  // The largest UPDATE frame: the downlink codec's bytes per value, plus header and tables.
+  std::int64_t max_update_bytes() const;
 
-  // θ_pub's hash now and before the last update (what rejoining providers are judged by).
+  // The round whose θ_pub is in memory, and its hash now and before the last update applied
+  // (what rejoining providers are judged by).
+  uint64_t pub_round() const { return pub_round_; }
   const std::string& pub_hash() const { return pub_hash_; }
   const std::string& prev_hash() const { return prev_hash_; }
   // Hashes θ_pub after an update: the head calls it once the next round is under way.
@@ -47,24 +64,37 @@ class GlobalModel {
   // shared by every joiner while any send queue still holds it: K providers joining at once
   // cost one state frame of memory, not K.
   net::Frame full_state();
-  // A WELCOME to data shard `shard`, with the full state when `with_state`.
-  net::Welcome welcome(int shard, bool with_state);
-  // The last UPDATE (empty before the first), for a provider exactly one round behind.
-  const net::Frame& last_update() const { return last_update_; }
+  // What a provider admitted to `shard` is sent, in order, each with its header round: the
+  // last update applied (kUpdate), a WELCOME (with the full state for kFullState), and the
+  // update still waiting to be applied, if an evaluation holds it back.
+  std::vector<std::pair<uint64_t, net::Body>> join_messages(int shard, SyncAction sync);
+  bool have_last_update() const { return !last_update_.empty(); }
 
   Aggregator& aggregator() { return aggregator_; }
   // Closes the round (design §2): Δ from the aggregator, θ_true ← OuterOpt(θ_true, Δ),
   // u ← Q_down(θ_true − θ_pub), θ_pub ← θ_pub + deq(u). Returns u's frame, which is also kept
   // as last_update(), and the contributions that failed to decode at the last moment. A round
   // with nothing in Δ leaves θ_true alone and sends only the downlink residual.
+  // While an evaluation runs, θ_pub keeps its value and the update waits (`deferred`); the
+  // head must end that evaluation before the next round closes (has_pending()).
   struct Closed {
     net::Frame update;
     std::vector<Aggregator::Rejected> rejected;
+    bool deferred = false;
   };
   Closed close_round();
+  bool has_pending() const { return !pending_.empty(); }
 
-  // θ_pub's loss on the validation windows; `between_batches` runs after every batch.
-  inner::EvalStats evaluate(const std::function<void()>& between_batches);
+  // Starts evaluating θ_pub (round pub_round()) on the validation windows, on its own thread.
+  void start_evaluation();
+  bool evaluating() const { return eval_thread_.joinable(); }
+  struct Evaluation {
+    uint64_t round = 0;
+    std::optional<inner::EvalStats> stats;  // none when cancelled
+  };
+  // The evaluation, once it has ended (or at once: waiting for it, or cancelling it at its
+  // next batch), with θ_pub then brought up to date and rehashed; nullopt while it runs.
+  std::optional<Evaluation> end_evaluation(bool wait, bool cancel);
 
   // ckpt/round-NNNNNN under `root`: model.safetensors (θ_true, nanoGPT names),
   // outer.safetensors (momentum, θ_pub), state.json (`state`, completed with the hashes).
@@ -72,6 +102,8 @@ class GlobalModel {
   // Loads the newest checkpoint under `root` after checking its config hash and the hashes of
   // θ_pub and the momentum; throws common::IoError / ConfigError naming what differs.
   HeadCheckpointState resume(const std::string& root, const std::string& config_hash);
+
+  ~GlobalModel();  // cancels and joins an evaluation still running
 
  private:
   common::Config config_;
@@ -83,7 +115,13 @@ class GlobalModel {
   Aggregator aggregator_;
   compress::Encoder down_enc_, state_enc_;
   compress::Decoder dec_;
-  net::Frame last_update_;
+  net::Frame last_update_;   // the last update applied to θ_pub
+  net::Frame pending_;       // an update waiting for an evaluation to end
+  uint64_t pub_round_ = 0;
+  std::thread eval_thread_;
+  std::atomic<bool> eval_done_{false}, eval_cancel_{false};
+  std::optional<inner::EvalStats> eval_result_;
+  std::exception_ptr eval_error_;
   std::weak_ptr<const void> state_owner_;  // the shared full-state frame, while it is in use
   const uint8_t* state_data_ = nullptr;
   size_t state_size_ = 0;

@@ -7,9 +7,11 @@
 #include "common/checkpoint.h"
 
 namespace xloco::outer {
-RunLedger::RunLedger(const common::Config& config, const std::string& run_dir)
+RunLedger::RunLedger(const common::Config& config, const std::string& run_dir,
+                     std::function<void(const RoundRecord&)> written)
     : config_(config), total_(common::total_rounds(config)),
-      metrics_path_((std::filesystem::path(run_dir) / "metrics" / "head.jsonl").string()) {}
+      metrics_path_((std::filesystem::path(run_dir) / "metrics" / "head.jsonl").string()),
+      written_(std::move(written)) {}
 
 void RunLedger::count_up(Member& m, size_t bytes) {
   m.bytes_up += static_cast<double>(bytes);
@@ -53,9 +55,46 @@ RoundRecord RunLedger::close_round(const RoundState& round, const std::string& r
   return rec;
 }
 
-void RunLedger::set_eval(double loss, const std::optional<double>& accuracy, RoundRecord& record) {
-  record.eval_loss = last_eval_ = summary_.final_eval_loss = loss;
-  record.eval_accuracy = accuracy;
+void RunLedger::write_round(RoundRecord record, bool await_eval, bool await_hash) {
+  held_.push_back({std::move(record), await_eval, await_hash});
+  flush();
+}
+
+void RunLedger::record_eval(uint64_t round, double loss, std::optional<double> accuracy) {
+  for (auto& h : held_) {
+    if (h.record.round != round) continue;
+    h.await_eval = false;
+    h.record.eval_loss = last_eval_ = summary_.final_eval_loss = loss;
+    h.record.eval_accuracy = accuracy;
+  }
+  flush();
+}
+
+void RunLedger::skip_eval(uint64_t round, const std::string& why) {
+  spdlog::warn("evaluation of round {} skipped: {}", round, why);
+  for (auto& h : held_) {
+    if (h.record.round != round) continue;
+    h.await_eval = false;
+    h.record.eval_skipped = why;
+  }
+  flush();
+}
+
+void RunLedger::record_hash(uint64_t round, const std::string& hash) {
+  for (auto& h : held_) {
+    if (h.record.round != round) continue;
+    h.await_hash = false;
+    h.record.theta_pub_hash = hash;
+  }
+  flush();
+}
+
+void RunLedger::flush() {
+  while (!held_.empty() && !held_.front().await_eval && !held_.front().await_hash) {
+    write_round(held_.front().record);
+    if (written_) written_(held_.front().record);
+    held_.pop_front();
+  }
 }
 
 void RunLedger::write_round(const RoundRecord& rec) {

@@ -4,7 +4,10 @@
 // no network I/O; the head feeds it as rounds close.
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <map>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -18,7 +21,9 @@ namespace xloco::outer {
 
 class RunLedger {
  public:
-  RunLedger(const common::Config& config, const std::string& run_dir);
+  // `written` (optional) sees every round record as it is written.
+  RunLedger(const common::Config& config, const std::string& run_dir,
+            std::function<void(const RoundRecord&)> written = {});
   void announce() const;  // the run's first log line
 
   void count_up(Member& m, size_t bytes);
@@ -31,8 +36,14 @@ class RunLedger {
   // The record of a round that just closed with `round.contributed`; credits their tokens.
   RoundRecord close_round(const RoundState& round, const std::string& reason, Members& members,
                           size_t update_bytes);
-  // Completes the record (totals, evaluation), appends it to head.jsonl and logs the round.
-  void write_round(const RoundRecord& record);
+  // Appends a closed round's record to head.jsonl and logs it, once it is complete: a record
+  // waits for the evaluation of its round (`await_eval`) and for θ_pub's hash after its update
+  // (`await_hash`, while an evaluation holds the update back), and records stay in order.
+  void write_round(RoundRecord record, bool await_eval, bool await_hash);
+  // The evaluation of `round`, or why there is none (logged), and θ_pub's hash after `round`.
+  void record_eval(uint64_t round, double loss, std::optional<double> accuracy);
+  void skip_eval(uint64_t round, const std::string& why);
+  void record_hash(uint64_t round, const std::string& hash);
 
   HeadStatus status(const std::string& state, const std::string& reason, uint64_t done_rounds,
                     const RoundState* open, const Members& members,
@@ -48,7 +59,7 @@ class RunLedger {
                            const std::string& path);
   const RunSummary& summary() const { return summary_; }
   double uptime_s() const;
-  void set_eval(double loss, const std::optional<double>& accuracy, RoundRecord& record);
+
 
  private:
   const common::Config& config_;
@@ -60,6 +71,14 @@ class RunLedger {
   uint64_t late_contributions_ = 0, resumed_from_ = 0;
   std::optional<double> last_eval_;
   std::map<std::string, std::string> frames_;  // provider → BLAKE2b of its contribution
+  struct Held {
+    RoundRecord record;
+    bool await_eval = false, await_hash = false;
+  };
+  std::deque<Held> held_;  // closed rounds whose records are not complete yet, in order
+  void flush();
+  std::function<void(const RoundRecord&)> written_;
+  void write_round(const RoundRecord& record);  // to head.jsonl and the log
 };
 
 }  // namespace xloco::outer

@@ -305,6 +305,43 @@ TEST_SUITE("inproc_run") {
     for (size_t i = 1; i < records.size(); ++i) CHECK(records[i].round == records[i - 1].round + 1);
   }
 
+  TEST_CASE("evaluation runs beside the rounds: none waits for it, one slower than a round is skipped saying why, and theta_pub is the same as without evaluation") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    const auto run_once = [](const std::string& tag, int eval_every, int eval_batches) {
+      ThreadedRun run(tag, 2);
+      run.cfg.inner.steps = 60;  // 12 rounds
+      run.cfg.outer.eval_every = eval_every;
+      run.cfg.inner.eval_batches = eval_batches;
+      auto head = run.head();
+      for (int i = 0; i < 2; ++i) run.provider("p" + std::to_string(i), i);
+      CHECK(run.run_head(*head) == 0);
+      run.join();
+      const auto records = outer::read_round_records((run.run_dir() / "metrics/head.jsonl").string());
+      return std::make_tuple(head->summary().theta_pub_hash, head->summary().final_eval_loss, records);
+    };
+    // Evaluating 400 batches takes far longer than a round of these tiny steps.
+    const auto [with_hash, with_loss, records] = run_once("thr-eval", 1, 400);
+    const auto [plain_hash, plain_loss, plain] = run_once("thr-noeval", 0, 400);
+    CHECK(with_hash == plain_hash);  // updates held back during evaluations changed nothing
+    CHECK(with_loss == plain_loss);  // the last round's evaluation is the same one
+    REQUIRE(records.size() == 12);
+    size_t skipped = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      CHECK(records[i].round == i + 1);                 // in order, every round once
+      CHECK(!records[i].theta_pub_hash.empty());        // hashed once its update was applied
+      CHECK((records[i].eval_loss.has_value() != records[i].eval_skipped.has_value()));
+      skipped += records[i].eval_skipped.has_value();
+      CHECK(records[i].round_wall_s < 5.0);             // no round waited for an evaluation
+    }
+    MESSAGE(skipped << " of 12 evaluations skipped, each for outlasting a round");
+    CHECK(skipped >= 1);
+    CHECK(records.back().eval_loss.has_value());       // the last one is always done
+    CHECK(plain.back().eval_loss == records.back().eval_loss);
+  }
+
   TEST_CASE("reproducible: the same config and seed give the same theta_pub whatever order the providers connect and contribute in") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");

@@ -1,0 +1,75 @@
+// The head's state and its event handlers (head.h for what it does): the loop, the rounds
+// and the background work in head.cpp, what each message and each verdict leads to in
+// head_messages.cpp. Private to those two files.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "net/protocol.h"
+#include "net/transport.h"
+#include "outer/global_model.h"
+#include "outer/head.h"
+#include "outer/ledger.h"
+#include "outer/membership.h"
+#include "outer/round.h"
+#include "outer/status_http.h"
+
+namespace xloco::outer {
+
+struct Head::Impl {
+  common::Config cfg;
+  HeadOptions opts;
+  std::unique_ptr<net::Transport> net;
+  GlobalModel model;
+  Members members;
+  RoundState round;
+  bool in_round = false, first_round = true;
+  uint64_t done_rounds = 0;
+  const int total;
+  RunLedger ledger;
+  std::string last_wait_reason;
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point last_heartbeat = t0, last_publish{}, last_listen = t0, listening_since = t0;
+  std::unique_ptr<StatusServer> status;
+  std::atomic<bool> stop_requested{false};
+  std::optional<uint64_t> eval_due;  // a closed round to evaluate once θ_pub holds it
+  bool checkpoint_due = false;       // waits while an evaluation holds an update back
+
+  // head.cpp: start-up (resume or not), the loop, rounds, evaluation, checkpoints, the end.
+  Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t);
+  int run();
+  std::string ckpt_root() const { return opts.run_dir + "/ckpt"; }
+  void checkpoint();
+  void try_start_round();
+  void start_round();
+  void close_round(const std::string& reason);
+  // Starts and collects evaluations, and writes a checkpoint that waited for θ_pub.
+  void background();
+  void evaluated(const GlobalModel::Evaluation& e);
+  // Liveness (unless the head was not listening), heartbeats, the status snapshot.
+  void housekeeping();
+  void publish_status(const std::string& state);
+  void broadcast(const net::Body& body);
+  void finish();
+
+  // head_messages.cpp: carrying out verdicts, and what each message leads to.
+  // Queues a message; a peer that is gone, or whose queue is over its budget, is dead.
+  void send(const std::string& peer, net::Body body, uint64_t r);
+  void refuse(const std::string& peer, net::RefusalCode code, const std::string& why);
+  void set_state(const Transition& t);
+  // A provider that has not contributed to the round in progress will not: it left, died, or
+  // (re)joined and takes part from the next round. Work it already handed in counts.
+  void leave_round(const std::string& peer);
+  // Contributions whose frames failed to decode when their turn came.
+  void reject(const std::vector<Aggregator::Rejected>& rejected);
+  void handle(const net::Received& rx);
+  void on_hello(const std::string& peer, const net::Hello& h, const std::string& address);
+  void on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c);
+};
+
+}  // namespace xloco::outer

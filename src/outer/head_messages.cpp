@@ -1,0 +1,141 @@
+// The head's side of each message and each verdict (head_impl.h): the rules of membership.h
+// decide, these functions send, log and change state.
+#include <spdlog/spdlog.h>
+
+#include "common/metrics.h"
+#include "outer/head_impl.h"
+
+namespace xloco::outer {
+
+// Queues a message; a peer that is gone, or whose queue is over its budget, is dead.
+void Head::Impl::send(const std::string& peer, net::Body body, uint64_t r) {
+  net::Envelope env{cfg.run.name, r, std::move(body)};
+  const bool urgent = env.type() == net::MessageType::kHeartbeat;
+  const auto st = net->send(peer, net::encode(env), {urgent});
+  if (st == net::SendStatus::kSent) return;
+  spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
+  if (auto it = members.find(peer); it != members.end() && is_live(it->second.state)) {
+    set_state(failed_send(peer, st));
+  }
+}
+
+void Head::Impl::refuse(const std::string& peer, net::RefusalCode code, const std::string& why) {
+  spdlog::warn("refused {}: {}", peer, why);
+  send(peer, net::ErrorReply{code, why}, done_rounds);
+}
+
+void Head::Impl::set_state(const Transition& t) {
+  Member& m = members[t.name];
+  if (const auto line = transition_log(t.name, m.state, t)) {
+    const bool bad = t.to == MemberState::kDead || t.to == MemberState::kStraggling;
+    spdlog::log(bad ? spdlog::level::warn : spdlog::level::info, "{}", *line);
+  }
+  m.state = t.to;
+  m.reason = t.reason;
+  if (t.backoff) {
+    m.backoff_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(kStallBackoff * cfg.outer.dead_after_s));
+  }
+  if (opts.observer.transition) opts.observer.transition(t);
+  if (!is_live(t.to)) {
+    leave_round(t.name);
+    net->drop_queue(t.name);  // frees the frames queued for it
+  }
+}
+
+// A provider that has not contributed to the round in progress will not: it left, died, or
+// (re)joined and takes part from the next round. Work it already handed in counts.
+void Head::Impl::leave_round(const std::string& peer) {
+  if (!in_round || round.contributed.count(peer) || !round.active.erase(peer)) return;
+  round.optional.erase(peer);
+  reject(model.aggregator().skip(peer));
+}
+
+// Contributions whose frames failed to decode when their turn came.
+void Head::Impl::reject(const std::vector<Aggregator::Rejected>& rejected) {
+  for (const auto& r : rejected) {
+    round.contributed.erase(r.peer);
+    ledger.forget_frame(r.peer);
+    refuse(r.peer, net::RefusalCode::kBadFrame,
+           fmt::format("contribution of {} for round {}: {}", r.peer, round.round, r.reason));
+  }
+}
+
+void Head::Impl::handle(const net::Received& rx) {
+  net::Envelope env;
+  try {
+    env = net::decode(rx.message, cfg.run.name);
+  } catch (const net::ProtocolError& e) {
+    return refuse(rx.peer, net::RefusalCode::kMalformed, fmt::format("bad message from {}: {}", rx.peer, e.what()));
+  }
+  auto it = members.find(rx.peer);
+  const bool member = it != members.end() && is_live(it->second.state);
+  if (member) it->second.last_seen = Clock::now();
+  if (auto* h = std::get_if<net::Hello>(&env.body)) {
+    on_hello(rx.peer, *h, rx.address);
+  } else if (auto* c = std::get_if<net::Contribution>(&env.body)) {
+    on_contribution(rx.peer, env.round, *c);
+  } else if (auto* b = std::get_if<net::Bye>(&env.body)) {
+    if (it != members.end()) set_state({rx.peer, MemberState::kLeft, "said goodbye: " + b->reason});
+  } else if (auto* e = std::get_if<net::ErrorReply>(&env.body)) {
+    spdlog::warn("provider {} reports an error: {} ({})", rx.peer, e->reason, net::to_string(e->code));
+  } else if (auto* beat = std::get_if<net::Heartbeat>(&env.body)) {
+    if (!member) {
+      return refuse(rx.peer, net::RefusalCode::kRejoin, fmt::format("heartbeat from {}, which is not a member (declared dead, or the head restarted): send HELLO", rx.peer));
+    }
+    it->second.step = beat->step;
+    it->second.tokens_per_s = beat->tokens_per_s;
+  } else {
+    refuse(rx.peer, net::RefusalCode::kUnexpected, fmt::format("{} from a provider", net::to_string(env.type())));
+  }
+}
+
+void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const std::string& address) {
+  const RunPosition at{common::config_hash(cfg), model.pub_round(), model.pub_hash(),
+                       model.prev_hash(), model.have_last_update()};
+  const Admission a = admit(Clock::now(), peer, h, members, at, net->link_state(peer), cfg.outer);
+  if (opts.observer.admission) opts.observer.admission(peer, a);
+  if (a.ignore) return spdlog::debug("{}", a.reason);
+  if (!a.admit) return refuse(peer, a.code, a.reason);
+  Member& m = members[peer];
+  m.shard = a.shard;
+  m.last_seen = m.admitted_at = Clock::now();
+  m.address = address;
+  leave_round(peer);
+  for (auto& [r, body] : model.join_messages(a.shard, a.sync)) {
+    const auto* u = std::get_if<net::Update>(&body);
+    const auto* w = std::get_if<net::Welcome>(&body);
+    ledger.count_down(m, u ? u->payload.size() : w ? w->state.size() : 0);
+    send(peer, std::move(body), r);
+  }
+  // A newcomer or one back from the dead joins; a live one resynchronising keeps its state.
+  if (a.fresh) m.state = MemberState::kJoining;  // a newcomer has no state to leave
+  set_state({peer, is_live(m.state) ? m.state : MemberState::kJoining, a.reason});
+  spdlog::info("provider {} {} from {}, {} live", peer, a.reason, address.empty() ? "?" : address,
+               live_count(members));
+}
+
+void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
+  const auto v = judge_contribution(peer, r, c.tokens, members, in_round ? &round : nullptr,
+                                    done_rounds, frame_problem(c.payload, model.layout()));
+  if (opts.observer.contribution) opts.observer.contribution(peer, r, v);
+  if (v.action == ContributionAction::kRefuse) return refuse(peer, v.code, v.reason);
+  if (v.action == ContributionAction::kDrop) {
+    if (v.late) ledger.count_late();
+    return spdlog::warn("{}", v.reason);
+  }
+  round.contributed[peer] = c.tokens;
+  ledger.note_frame(peer, common::hash_hex(c.payload.data(), c.payload.size()));
+  Member& m = members[peer];
+  m.reason = fmt::format("contributed to round {}", r);
+  m.round_s.push_back(seconds_since(round.started));
+  if (m.round_s.size() > kRoundTimesKept) m.round_s.pop_front();
+  if (m.state == MemberState::kStraggling) {
+    set_state({peer, MemberState::kActive, fmt::format("on time again in round {}", r)});
+  }
+  m.compute_s = c.compute_s;
+  ledger.count_up(m, c.payload.size());
+  reject(model.aggregator().add(peer, c.payload, c.tokens));
+}
+
+}  // namespace xloco::outer
