@@ -6,10 +6,16 @@
 #
 #   sudo deploy/rehearse.sh [--providers 3] [--rate 100mbit] [--config configs/kjv-tiny-4p.json]
 #                           [--set KEY=VALUE]... [--name RUN] [--xloco build/src/cli/xloco]
+#                           [--rates 100mbit,100mbit,50mbit,10mbit] [--late I:ROUND]
+#                           [--kill I:ROUND:SECONDS]
 #
-# Needs root and `ip netns`; exits 77 (ctest's "skipped") with the reason when either is missing.
-# Writes runs/RUN/rehearsal.json: the head's last /status (read from provider 0's namespace over
-# its rate-limited link) and the addresses and rate used. Exit code: the head's.
+# --rates gives each provider its own link rate; --late starts provider I only once ROUND rounds
+# have closed (it joins with the full state over its link); --kill SIGKILLs provider I SECONDS
+# after round ROUND closed (mid-transfer of that round's update). Needs root and `ip netns`;
+# exits 77 (ctest's "skipped") with the reason when either is missing. Writes runs/RUN/
+# rehearsal.json: the head's last /status (read from provider 0's namespace over its rate-limited
+# link) and the addresses and rates used, and runs/RUN/status_samples.jsonl: /status asked once
+# a second from there, with how long each answer took. Exit code: the head's.
 set -euo pipefail
 
 PROVIDERS=3
@@ -19,6 +25,9 @@ XLOCO=build/src/cli/xloco
 NAME=rehearsal
 TIMEOUT=1800
 SETS=()
+RATES=""
+LATE=""
+KILL=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --providers) PROVIDERS=$2; shift 2 ;;
@@ -28,7 +37,10 @@ while [ $# -gt 0 ]; do
     --name) NAME=$2; shift 2 ;;
     --xloco) XLOCO=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --rates) RATES=$2; shift 2 ;;
+    --late) LATE=$2; shift 2 ;;
+    --kill) KILL=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "rehearse: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,17 +89,24 @@ rate_bits() {
     *) echo "rehearse: --rate '$1' must end in kbit, mbit or gbit" >&2; exit 2 ;;
   esac
 }
-[[ "${RATE,,}" =~ ^[0-9]+(k|m|g)bit$ ]] || { echo "rehearse: --rate '$RATE' must be a number ending in kbit, mbit or gbit" >&2; exit 2; }
-BURST=$(( $(rate_bits "$RATE") / 8 / 100 ))
-[ "$BURST" -ge 65536 ] || BURST=65536
-shape() {  # namespace, device
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst "$BURST" latency 200ms
+# One rate per provider: --rates, or --rate for all.
+IFS=, read -r -a PROVIDER_RATES <<< "${RATES:-}"
+for i in $(seq 0 $((PROVIDERS - 1))); do
+  r=${PROVIDER_RATES[$i]:-$RATE}
+  [[ "${r,,}" =~ ^[0-9]+(k|m|g)bit$ ]] || { echo "rehearse: rate '$r' must be a number ending in kbit, mbit or gbit" >&2; exit 2; }
+  PROVIDER_RATES[$i]=$r
+done
+shape() {  # namespace, device, rate
+  local burst=$(( $(rate_bits "$3") / 8 / 100 ))
+  [ "$burst" -ge 65536 ] || burst=65536
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$3" burst "$burst" latency 200ms
 }
 
 ip netns add "$SW"
 ip -n "$SW" link add br0 type bridge
 ip -n "$SW" link set br0 up
-# connect NAMESPACE ADDRESS LINK SHAPED: a veth from the namespace to the bridge
+# connect NAMESPACE ADDRESS LINK RATE: a veth from the namespace to the bridge, shaped unless
+# RATE is "full"
 connect() {
   ip netns add "$1"
   ip link add "$3" netns "$1" type veth peer name "s$3" netns "$SW"
@@ -95,16 +114,16 @@ connect() {
   ip -n "$1" link set lo up
   ip -n "$1" link set "$3" up
   ip -n "$SW" link set "s$3" master br0 up
-  if [ "$4" = shaped ]; then
-    shape "$1" "$3"        # uplink: provider -> head
-    shape "$SW" "s$3"      # downlink: head -> provider
+  if [ "$4" != full ]; then
+    shape "$1" "$3" "$4"        # uplink: provider -> head
+    shape "$SW" "s$3" "$4"      # downlink: head -> provider
   fi
 }
 # The head's own link is left at full speed: it stands for a data-centre host, and each provider's
 # link is the slow one (per-link rate, as the experiments report it).
 connect "$HEAD_NS" "$HEAD_ADDR" vh full
 for i in $(seq 0 $((PROVIDERS - 1))); do
-  connect "$P-p$i" "${NET}$((11 + i))" "vp$i" shaped
+  connect "$P-p$i" "${NET}$((11 + i))" "vp$i" "${PROVIDER_RATES[$i]}"
 done
 
 # Keys exactly as an operator makes them (deploy/README.md), handed over as Z85 text in env.
@@ -121,7 +140,7 @@ SET_CSV=$(IFS=,; echo "run.name=$NAME,outer.providers=$PROVIDERS,outer.min_provi
 
 common_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="${HOME:-/root}"
             XLOCO_CONFIG="$CONFIG" XLOCO_SET="$SET_CSV")
-echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $RATE each way, run $RUN_DIR"
+echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $(IFS=,; echo "${PROVIDER_RATES[*]}") each way, run $RUN_DIR"
 ip netns exec "$HEAD_NS" "${common_env[@]}" \
   XLOCO_BIND="tcp://0.0.0.0:$ZMQ_PORT" XLOCO_ADVERTISE="tcp://$HEAD_ADDR:$ZMQ_PORT" \
   XLOCO_HTTP="0.0.0.0:$HTTP_PORT" XLOCO_KEY="$(cat "$keys/head.key")" \
@@ -129,38 +148,76 @@ ip netns exec "$HEAD_NS" "${common_env[@]}" \
   "$XLOCO" head > >(sed -u 's/^/[head] /') 2>&1 &
 head_pid=$!
 pids+=("$head_pid")
-for i in $(seq 0 $((PROVIDERS - 1))); do
+declare -A provider_pid
+start_provider() {
+  local i=$1
   ip netns exec "$P-p$i" "${common_env[@]}" \
     XLOCO_HEAD="tcp://$HEAD_ADDR:$ZMQ_PORT" XLOCO_HEAD_PUB="$(cat "$keys/head.pub")" \
     XLOCO_NAME="provider-$i" XLOCO_SHARD=$i XLOCO_KEY="$(cat "$keys/provider-$i.key")" \
     XLOCO_RANKS_ON_HOST=$((PROVIDERS + 1)) \
     "$XLOCO" worker > >(sed -u "s/^/[provider-$i] /") 2>&1 &
+  provider_pid[$i]=$!
   pids+=("$!")
+}
+late_i=${LATE%%:*}; late_round=${LATE#*:}
+kill_i=${KILL%%:*}; kill_rest=${KILL#*:}; kill_round=${kill_rest%%:*}; kill_after=${kill_rest#*:}
+for i in $(seq 0 $((PROVIDERS - 1))); do
+  [ -n "$LATE" ] && [ "$i" = "$late_i" ] && continue
+  start_provider "$i"
 done
+rounds_done() { [ -f "$RUN_DIR/metrics/head.jsonl" ] && wc -l < "$RUN_DIR/metrics/head.jsonl" || echo 0; }
 
 # Watch the head's status from outside its namespace, over provider 0's rate-limited link, as an
-# operator would; keep the last answer for the report.
+# operator would: once a second, timing each answer; keep the last answer for the report.
 status_url="http://$HEAD_ADDR:$HTTP_PORT"
+ip netns exec "$P-p0" python3 -u - "$status_url/status" "$RUN_DIR/status_samples.jsonl" "$RUN_DIR/last_status.json" <<'PY' &
+import json, sys, time, urllib.request
+url, out, last = sys.argv[1:4]
+with open(out, "a") as f:
+    while True:
+        t0 = time.time()
+        try:
+            body = urllib.request.urlopen(url, timeout=10).read()
+            ok = True
+            open(last, "wb").write(body)
+        except Exception as e:
+            ok, body = False, str(e).encode()
+        f.write(json.dumps({"t": t0, "latency_s": time.time() - t0, "ok": ok}) + "\n")
+        f.flush()
+        time.sleep(max(0.0, 1.0 - (time.time() - t0)))
+PY
+pids+=("$!")
 start=$(date +%s)
-last_status=""
+killed=""
 while kill -0 "$head_pid" 2>/dev/null; do
-  if s=$(ip netns exec "$P-p0" "$XLOCO" status --head "$status_url" --json 2>/dev/null); then
-    last_status=$s
+  done_rounds=$(rounds_done)
+  if [ -n "$LATE" ] && [ -z "${provider_pid[$late_i]:-}" ] && [ "$done_rounds" -ge "$late_round" ]; then
+    echo "rehearse: starting provider-$late_i late, after round $done_rounds"
+    start_provider "$late_i"
+  fi
+  if [ -n "$KILL" ] && [ -z "$killed" ] && [ "$done_rounds" -ge "$kill_round" ]; then
+    sleep "$kill_after"
+    echo "rehearse: kill -9 provider-$kill_i, ${kill_after}s after round $kill_round closed"
+    kill -KILL "${provider_pid[$kill_i]}" 2>/dev/null || true
+    pkill -KILL -P "${provider_pid[$kill_i]}" 2>/dev/null || true
+    killed=yes
   fi
   if [ $(( $(date +%s) - start )) -gt "$TIMEOUT" ]; then
     echo "rehearse: the run did not finish within ${TIMEOUT}s" >&2
     exit 124
   fi
-  sleep 2
+  sleep 1
 done
+last_status=$(cat "$RUN_DIR/last_status.json" 2>/dev/null || true)
 set +e
 wait "$head_pid"
 rc=$?
 set -e
 [ -n "$last_status" ] || last_status=null
+rates_json=$(printf '"%s",' "${PROVIDER_RATES[@]}")
 cat > "$RUN_DIR/rehearsal.json" <<EOF
-{"rate": "$RATE", "head_address": "$HEAD_ADDR", "providers": $PROVIDERS, "head_exit": $rc,
- "status": $last_status}
+{"rate": "$RATE", "rates": [${rates_json%,}], "head_address": "$HEAD_ADDR", "providers": $PROVIDERS,
+ "head_exit": $rc, "late": "$LATE", "kill": "$KILL", "status": $last_status}
 EOF
 if [ "$last_status" != null ]; then
   echo "rehearse: the head's last status, read from provider-0's namespace:"

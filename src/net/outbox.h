@@ -49,6 +49,10 @@ class Outbox {
     Clock::time_point last_progress{};
   };
   std::map<PeerId, Queue> queues_;
+  struct Totals {
+    std::uint64_t enqueued = 0, taken = 0;
+  };
+  std::map<PeerId, Totals> totals_;  // until drop()
 };
 
 }  // namespace xloco::net

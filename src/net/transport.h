@@ -49,6 +49,10 @@ struct LinkState {
   // When the link last took bytes for this peer, or when its queue last went from empty to
   // not empty; a queue that has not moved since is stalled.
   std::chrono::steady_clock::time_point last_progress{};
+  // Since the peer's queue was last dropped: bytes send() accepted, and bytes the link took.
+  // A message has left once taken_bytes reaches enqueued_bytes as it was just after its send.
+  std::uint64_t enqueued_bytes = 0;
+  std::uint64_t taken_bytes = 0;
 };
 
 // What a transport accepts and holds per peer. The head sets them from its model (a frame is

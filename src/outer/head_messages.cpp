@@ -108,6 +108,7 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
     ledger.count_down(m, u ? u->payload.size() : w ? w->state.size() : 0);
     send(peer, std::move(body), r);
   }
+  m.welcome_mark = net->link_state(peer).enqueued_bytes;
   // A newcomer or one back from the dead joins; a live one resynchronising keeps its state.
   if (a.fresh) m.state = MemberState::kJoining;  // a newcomer has no state to leave
   set_state({peer, is_live(m.state) ? m.state : MemberState::kJoining, a.reason});

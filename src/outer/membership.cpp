@@ -276,7 +276,7 @@ Clock::time_point forgiven(Clock::time_point last_seen, Clock::time_point now,
 
 bool takes_part(const Member& member, const net::LinkState& link) {
   if (!is_live(member.state)) return false;
-  return member.state != MemberState::kJoining || link.queued_bytes == 0;
+  return member.state != MemberState::kJoining || link.taken_bytes >= member.welcome_mark;
 }
 
 std::vector<std::string> aggregation_order(const RoundState& round, const Members& members) {

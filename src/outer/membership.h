@@ -37,6 +37,7 @@ struct Member {
   Clock::time_point last_seen{};           // epoch until its first HELLO to this head process
   Clock::time_point admitted_at{};         // its last admission (WELCOME) by this head process
   Clock::time_point backoff_until{};       // dead for not keeping up: its HELLOs wait until then
+  uint64_t welcome_mark = 0;               // its link's enqueued bytes once its WELCOME was queued
   uint64_t last_round = 0;                 // last round it contributed to
   uint64_t tokens = 0;                     // contributed over the run
   uint64_t step = 0;                       // from its heartbeats
@@ -169,7 +170,8 @@ std::optional<std::string> transition_log(const std::string& name, MemberState f
                                           const Transition& t);
 
 // Whether a live member takes part in the next round: a joiner only once its link has taken
-// its WELCOME (the state must reach it before the round can count on it).
+// its WELCOME (the state must reach it before the round can count on it), whatever was queued
+// after it.
 bool takes_part(const Member& member, const net::LinkState& link);
 
 // The order in which a round adds its contributions into Δ: by shard, then by name.

@@ -87,6 +87,7 @@ class Leader {
         case LeaderAction::kApplyUpdate: {
           const auto& u = std::get<net::Update>(env->body).payload;
           apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, layout);
+          bytes_down_ += static_cast<double>(u.size());
           state_.done_round = env->round;
           break;
         }
@@ -126,6 +127,7 @@ class Leader {
   void goodbye(const std::string& reason) { link_.post(net::Bye{reason}, state_.done_round); }
   bool stopped_by_signal() const { return stopped_by_signal_; }
   double bytes_up() const { return bytes_up_; }
+  double bytes_down() const { return bytes_down_; }  // updates and states received
 
  private:
   void hello(const std::string& hash) {
@@ -148,6 +150,7 @@ class Leader {
                 const common::FlatLayout& layout, const std::string& why) {
     const auto& w = std::get<net::Welcome>(env.body);
     if (!w.state.empty()) {
+      bytes_down_ += static_cast<double>(w.state.size());
       compress::decode(dec_, w.state.data(), w.state.size(), layout, theta_pub);
       fresh_state_ = true;  // design §2: full state starts a fresh AdamW state
     }
@@ -191,7 +194,7 @@ class Leader {
   bool fresh_state_ = false, head_quiet_ = false, stopped_by_signal_ = false;
   std::string last_hash_;
   Clock::time_point last_hello_{};
-  double bytes_up_ = 0;
+  double bytes_up_ = 0, bytes_down_ = 0;
 };
 
 // One provider's ranks: the leader talks to the head, every rank trains, and the leader's
@@ -264,7 +267,17 @@ class ProviderRun {
       }
     }
     const double compute_s = std::chrono::duration<double>(Clock::now() - start).count();
-    if (leader_) lead_->contribute(r, theta_pub_, trainer_->params(), trainer_->layout(), tokens, compute_s);
+    if (leader_) {
+      const double up0 = lead_->bytes_up(), down0 = lead_->bytes_down();
+      lead_->contribute(r, theta_pub_, trainer_->params(), trainer_->layout(), tokens, compute_s);
+      // Per round: its compute, and the time it spent not computing before it (sending,
+      // waiting for the round to close, receiving the update), with the bytes behind them.
+      metrics_.write({{"round_done", r}, {"compute_s", compute_s},
+                      {"idle_s", std::chrono::duration<double>(start - compute_end_).count()},
+                      {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_}});
+      down_at_end_ = down0;
+    }
+    compute_end_ = Clock::now();
     return true;
   }
 
@@ -304,6 +317,8 @@ class ProviderRun {
   std::unique_ptr<inner::InnerTrainer> trainer_;
   torch::Tensor theta_pub_;
   common::JsonlWriter metrics_;
+  Clock::time_point compute_end_ = Clock::now();  // of the last round (or the join)
+  double down_at_end_ = 0;                         // bytes received by then
 };
 
 }  // namespace

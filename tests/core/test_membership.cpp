@@ -155,11 +155,16 @@ TEST_SUITE("membership") {
     CHECK(admit(clock_at(301), "slow", hello("slow", 0), m, position(), net::LinkState{}, three_shards()).admit);
   }
 
-  TEST_CASE("a joiner takes part in rounds once its link has taken its WELCOME; stragglers take part") {
+  TEST_CASE("a joiner takes part in rounds once its link has taken its WELCOME, whatever came after; stragglers take part") {
+    Member joiner = live(0, 0, MemberState::kJoining);
+    joiner.welcome_mark = 500;  // enqueued bytes once its WELCOME was queued
     net::LinkState queued;
     queued.queued_bytes = 1 << 20;
-    CHECK(!takes_part(live(0, 0, MemberState::kJoining), queued));
-    CHECK(takes_part(live(0, 0, MemberState::kJoining), net::LinkState{}));
+    queued.enqueued_bytes = 500 + (1 << 20);
+    queued.taken_bytes = 499;
+    CHECK(!takes_part(joiner, queued));
+    queued.taken_bytes = 500;  // the WELCOME has gone; an update queued after it has not
+    CHECK(takes_part(joiner, queued));
     CHECK(takes_part(live(0, 0, MemberState::kActive), queued));  // an update in transfer
     CHECK(takes_part(live(0, 0, MemberState::kStraggling), net::LinkState{}));
     CHECK(!takes_part(live(0, 0, MemberState::kDead), net::LinkState{}));

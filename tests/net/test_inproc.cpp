@@ -149,7 +149,12 @@ TEST_SUITE("net.inproc") {
     }
     // the urgent one passed those still in the outbox, not those already delivered
     CHECK(rounds == std::vector<std::uint64_t>{1, 2, 9, 3, 4});
-    CHECK(head->link_state("alice").queued_bytes == 0);
+    const LinkState done = head->link_state("alice");
+    CHECK(done.queued_bytes == 0);
+    CHECK(done.enqueued_bytes > 0);
+    CHECK(done.taken_bytes == done.enqueued_bytes);  // the refused one was never enqueued
+    head->drop_queue("alice");
+    CHECK(head->link_state("alice").enqueued_bytes == 0);
   }
 
   TEST_CASE("names are unique and a closed end is an absent peer") {

@@ -22,10 +22,11 @@ using std::chrono::milliseconds;
 // Options that the head and a provider share.
 struct LinkOptions {
   // ZMQ_SNDHWM / ZMQ_RCVHWM, in ZeroMQ messages per peer. Every message is at most one chunk
-  // (wire.h), so these bound what each socket queue holds per peer (16 MiB each way); the
-  // rest of a long transfer waits in the transport's outbox by reference, without a copy.
-  int send_hwm = 16;
-  int receive_hwm = 16;
+  // (wire.h), so these bound what each socket queue holds per peer (4 MiB each way); the rest
+  // of a long transfer waits in the transport's outbox by reference, without a copy. They also
+  // bound how long a heartbeat waits behind a transfer: 4 MiB take 3.4 s at 10 Mbit/s.
+  int send_hwm = 4;
+  int receive_hwm = 4;
   // ZMQ_LINGER: how long closing waits to flush queued messages (a BYE, a last update).
   // Bounded, so that a dead peer cannot hang shutdown.
   milliseconds linger{2000};
