@@ -37,7 +37,9 @@ void Head::Impl::checkpoint() {
 }
 
 void Head::Impl::try_start_round() {
-  const auto d = decide_start(live_count(members), cfg.outer, first_round, seconds_since(t0));
+  size_t ready = 0;
+  for (const auto& [name, m] : members) ready += takes_part(m, net->link_state(name)) ? 1 : 0;
+  const auto d = decide_start(ready, cfg.outer, first_round, seconds_since(t0));
   if (d.start) {
     first_round = false;
     start_round();

@@ -57,9 +57,10 @@ struct StartDecision {
   bool start = false;
   std::string reason;
 };
-// Whether the next round may start. Round 1 waits for all outer.providers, or, once
-// outer.start_grace_s have passed since the head started, for outer.min_providers; later
-// rounds need outer.min_providers live ones.
+// Whether the next round may start, from the providers that would take part in it (live, and
+// for a joiner its state gone: membership.h takes_part). Round 1 waits for all
+// outer.providers, or, once outer.start_grace_s have passed since the head started, for
+// outer.min_providers; later rounds need outer.min_providers.
 StartDecision decide_start(size_t live, const common::OuterConfig& config, bool first_round,
                            double waited_s = 0);
 
