@@ -12,30 +12,14 @@ enum class AllocPolicy {
   kTrainer,
   // The head: its large transients (codec frames, received contributions, codec buffers) are
   // mmapped and returned on free instead of fragmenting a heap that never shrinks (issue 5:
-  // head peak RSS 5.1x -> 4.8x of the parameter bytes).
+  // head peak RSS 5.1x -> 4.8x of the parameter bytes). Its evaluation, on a thread of its
+  // own beside the rounds, runs under it too: a policy is process-wide.
   kHead,
-  // Evaluation on the head: the same activation buffers batch after batch, as in training
-  // (mmapped, the demo's evaluation outlasted a round: sync overhead 0.15 % -> 6.8 %).
-  kEvaluating,
 };
 
 void set_alloc_policy(AllocPolicy policy);
-AllocPolicy alloc_policy();
 
 // Gives freed heap memory back to the system (malloc_trim): after a one-off model-sized free.
 void release_free_memory();
-
-// Switches the policy for a scope and restores the previous one after it, handing back what
-// the scope freed.
-class ScopedAllocPolicy {
- public:
-  explicit ScopedAllocPolicy(AllocPolicy policy);
-  ~ScopedAllocPolicy();
-  ScopedAllocPolicy(const ScopedAllocPolicy&) = delete;
-  ScopedAllocPolicy& operator=(const ScopedAllocPolicy&) = delete;
-
- private:
-  AllocPolicy previous_;
-};
 
 }  // namespace xloco::common

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "common/alloc.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/metrics.h"
@@ -86,7 +85,6 @@ void GlobalModel::start_evaluation() {
   eval_error_ = nullptr;
   eval_thread_ = std::thread([this] {
     try {
-      common::ScopedAllocPolicy heap(common::AllocPolicy::kEvaluating);
       eval_result_ = evaluator_->evaluate(*data_, [this] {
         if (eval_cancel_) throw Cancelled{};
       });

@@ -122,7 +122,7 @@ void Head::Impl::evaluated(const GlobalModel::Evaluation& e) {
   if (e.stats) {
     ledger.record_eval(e.round, e.stats->loss, e.stats->accuracy);
   } else {
-    ledger.skip_eval(e.round, "cancelled: it was still running when the next round closed");
+    ledger.skip_eval(e.round, "cancelled: still running when a second round closed after it");
   }
   ledger.record_hash(model.pub_round(), model.pub_hash());
 }
@@ -134,6 +134,7 @@ int Head::Impl::run() {
     if (common::pending_signal() != 0 || stop_requested) {
       spdlog::warn("head interrupted after round {}; checkpointing", done_rounds);
       if (model.evaluating()) evaluated(*model.end_evaluation(false, true));
+      if (eval_due) ledger.skip_eval(*eval_due, "the head was interrupted");
       checkpoint();
       broadcast(net::Bye{"head interrupted"});
       return 130;

@@ -59,7 +59,7 @@ struct Head::Impl {
 
   // head_messages.cpp: carrying out verdicts, and what each message leads to.
   // Queues a message; a peer that is gone, or whose queue is over its budget, is dead.
-  void send(const std::string& peer, net::Body body, uint64_t r);
+  bool send(const std::string& peer, net::Body body, uint64_t r);  // false: not queued
   void refuse(const std::string& peer, net::RefusalCode code, const std::string& why);
   void set_state(const Transition& t);
   // A provider that has not contributed to the round in progress will not: it left, died, or

@@ -8,15 +8,16 @@
 namespace xloco::outer {
 
 // Queues a message; a peer that is gone, or whose queue is over its budget, is dead.
-void Head::Impl::send(const std::string& peer, net::Body body, uint64_t r) {
+bool Head::Impl::send(const std::string& peer, net::Body body, uint64_t r) {
   net::Envelope env{cfg.run.name, r, std::move(body)};
   const bool urgent = env.type() == net::MessageType::kHeartbeat;
   const auto st = net->send(peer, net::encode(env), {urgent});
-  if (st == net::SendStatus::kSent) return;
+  if (st == net::SendStatus::kSent) return true;
   spdlog::warn("send {} to {}: {}", net::to_string(env.type()), peer, net::to_string(st));
   if (auto it = members.find(peer); it != members.end() && is_live(it->second.state)) {
     set_state(failed_send(peer, st));
   }
+  return false;
 }
 
 void Head::Impl::refuse(const std::string& peer, net::RefusalCode code, const std::string& why) {
@@ -106,7 +107,7 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
     const auto* u = std::get_if<net::Update>(&body);
     const auto* w = std::get_if<net::Welcome>(&body);
     ledger.count_down(m, u ? u->payload.size() : w ? w->state.size() : 0);
-    send(peer, std::move(body), r);
+    if (!send(peer, std::move(body), r)) return;  // gone (and dead, if it was live)
   }
   m.welcome_mark = net->link_state(peer).enqueued_bytes;
   // A newcomer or one back from the dead joins; a live one resynchronising keeps its state.

@@ -61,7 +61,13 @@ void Link::loop() {
       round = round_;
     }
     for (const auto& m : out) send(m);
-    if (stop) return;  // after the last posts (a BYE) went out
+    if (stop) {  // after the last posts (a BYE) left the queue, or linger ran out
+      const auto end = Clock::now() + std::chrono::seconds(2);
+      while (net_->link_state(net::kHeadPeer).queued_messages > 0 && Clock::now() < end) {
+        (void)net_->poll(std::chrono::milliseconds(10));
+      }
+      return;
+    }
     if (std::chrono::duration<double>(Clock::now() - last_beat).count() >= heartbeat_s_) {
       last_beat = Clock::now();
       send(net::encode(net::Envelope{run_, round, beat}), /*urgent=*/true);

@@ -43,6 +43,7 @@ class Leader {
 
   // Sends HELLO and waits for WELCOME; returns the shard it was given and keeps the state frame.
   inner::Shard join() {
+    state_.rejoining = true;  // waiting for a WELCOME: check_head_alive repeats the HELLO
     hello("");
     spdlog::info("provider {}: HELLO sent to {}", opts_.name, link_.endpoint());
     while (true) {
@@ -172,11 +173,9 @@ class Leader {
     } else if (silent < cfg_.outer.heartbeat_s) {
       head_quiet_ = false;
     }
-    // A HELLO may have gone to a head that died before answering: ask again when nothing
-    // has come since. (A head that is sending knows of it: a WELCOME is on its way.)
-    if (state_.rejoining && link_.last_rx() < last_hello_) {
-      repeat_hello(std::max(10.0, cfg_.outer.dead_after_s));
-    }
+    // A HELLO may have gone to a head that died before answering, or been ignored as a
+    // repeat (membership.h admit): ask again now and then until a WELCOME comes.
+    if (state_.rejoining) repeat_hello(std::max(10.0, cfg_.outer.dead_after_s));
   }
 
   void repeat_hello(double after_s) {

@@ -257,6 +257,33 @@ TEST_SUITE("net.zmq") {
     CHECK(got->peer == "bob");
   }
 
+  TEST_CASE("a stream whose frames are each under the limit but whose total is not, or of too many frames, is refused at its start") {
+    Head head(4 << 20);
+    ::zmq::context_t context;
+    ::zmq::socket_t raw = head.raw_dealer(context, head.alice);
+    const auto put = [](std::uint8_t* at, std::uint64_t v) {
+      for (int b = 0; b < 8; ++b) at[b] = static_cast<std::uint8_t>(v >> (8 * b));
+    };
+    std::uint8_t three[2 + 8 + 3 * 8] = {2, 1};
+    put(three + 2, 5);
+    for (int i = 0; i < 3; ++i) put(three + 10 + 8 * i, 3 << 20);  // 9 MiB in all
+    REQUIRE(raw.send(::zmq::buffer(three), ::zmq::send_flags::none));
+    std::vector<std::uint8_t> many(2 + 8 + 9 * 8, 0);
+    many[0] = 2;
+    many[1] = 1;
+    put(many.data() + 2, 6);
+    for (int i = 0; i < 9; ++i) put(many.data() + 10 + 8 * i, 16);
+    REQUIRE(raw.send(::zmq::buffer(many), ::zmq::send_flags::none));
+    const std::uint8_t good[] = {2, 0, 4, 0, 0, 0, 0, 0, 0, 0};
+    REQUIRE(raw.send(::zmq::buffer(good), ::zmq::send_flags::sndmore));
+    REQUIRE(raw.send(::zmq::str_buffer("ping"), ::zmq::send_flags::none));
+    auto got = head.server->receive(kPatience);
+    REQUIRE(got.has_value());
+    CHECK(got->message[0].view() == "ping");
+    CHECK(head.capture.sink->count("a stream of 9437184 bytes is over max_frame_bytes (4194304)") == 1);
+    CHECK(head.capture.sink->count("a stream of 9 frames; xloco sends at most 8") == 1);
+  }
+
   TEST_CASE("send never waits: a peer that does not read fills only its own queue, which stalls and then refuses") {
     Head head;
     head.server->set_limits({std::int64_t{1} << 30, 48 << 20});  // a 48 MiB budget per peer

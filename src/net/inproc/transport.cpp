@@ -45,27 +45,14 @@ class Endpoint final : public Transport {
     return pump(peer) ? SendStatus::kSent : SendStatus::kNoPeer;
   }
   std::optional<Received> receive(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      pump_all();
-      const auto left = std::max(std::chrono::milliseconds(0),
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-      const auto wait = outbox_.waiting().empty() ? left : std::min(left, kPumpInterval);
-      auto received = network_->take(name_, *mailbox_, wait, /*pop=*/true);
+    for (const auto deadline = Clock::now() + timeout;;) {
+      auto received = take(deadline, /*pop=*/true);
       if (received && !over_limit(received->message, limits_.max_frame_bytes)) return received;
-      if (!received && Clock::now() >= deadline) return std::nullopt;
+      if (!received) return std::nullopt;
     }
   }
   bool poll(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      pump_all();
-      const auto left = std::max(std::chrono::milliseconds(0),
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-      const auto wait = outbox_.waiting().empty() ? left : std::min(left, kPumpInterval);
-      if (network_->take(name_, *mailbox_, wait, /*pop=*/false)) return true;
-      if (Clock::now() >= deadline) return false;
-    }
+    return take(Clock::now() + timeout, /*pop=*/false).has_value();
   }
   std::string endpoint() const override { return "inproc://" + kHeadPeer; }
   LinkState link_state(const PeerId& peer) const override { return outbox_.state(peer); }
@@ -90,6 +77,17 @@ class Endpoint final : public Transport {
   }
   void pump_all() {
     for (const PeerId& peer : outbox_.waiting()) (void)pump(peer);
+  }
+  // Waits for a message until `deadline`, moving the outbox on every kPumpInterval meanwhile.
+  std::optional<Received> take(Clock::time_point deadline, bool pop) {
+    for (;;) {
+      pump_all();
+      const auto left = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+      const auto wait = outbox_.waiting().empty() ? left : std::min(left, kPumpInterval);
+      if (auto got = network_->take(name_, *mailbox_, wait, pop)) return got;
+      if (Clock::now() >= deadline) return std::nullopt;
+    }
   }
 
   std::shared_ptr<Network> network_;

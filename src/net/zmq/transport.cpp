@@ -192,7 +192,7 @@ void Server::pump_all() {
   for (const PeerId& peer : links_.outbox().waiting()) {
     const auto route = routes_.find(peer);
     if (route == routes_.end()) {
-      links_.outbox().drop(peer);
+      links_.drop(peer);
     } else if (!links_.pump(socket_, peer, &route->second)) {
       routes_.erase(route);
     }
@@ -229,7 +229,7 @@ std::optional<Received> Server::read_one() {
     peer = user_id;
   }
   auto& route = routes_[peer];
-  if (!route.empty() && route != routing_id) links_.outbox().restart(peer);  // it reconnected
+  if (!route.empty() && route != routing_id) links_.reconnected(peer);
   route = std::move(routing_id);
   const char* address = zmq_msg_gets(parts[1].handle(), "Peer-Address");
   std::optional<Message> message = links_.take(peer, parts, 1, *logger_);

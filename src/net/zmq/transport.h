@@ -32,6 +32,17 @@ class Links {
   std::optional<Message> take(const PeerId& peer, std::vector<::zmq::message_t>& parts,
                               std::size_t first, spdlog::logger& logger);
 
+  // Forgets a peer: what is queued for it and any stream half received from it.
+  void drop(const PeerId& peer) {
+    outbox_.drop(peer);
+    incoming_.erase(peer);
+  }
+  // The peer reconnected: a message in transfer to it starts over, and one half received
+  // from its old connection is gone.
+  void reconnected(const PeerId& peer) {
+    outbox_.restart(peer);
+    incoming_.erase(peer);
+  }
   Outbox& outbox() { return outbox_; }
   const Outbox& outbox() const { return outbox_; }
   void set_limits(const TransportLimits& limits) { limits_ = limits; }
@@ -55,7 +66,7 @@ class Server final : public Transport {
   [[nodiscard]] bool poll(std::chrono::milliseconds timeout) override;
   std::string endpoint() const override { return endpoint_; }
   LinkState link_state(const PeerId& peer) const override { return links_.outbox().state(peer); }
-  void drop_queue(const PeerId& peer) override { links_.outbox().drop(peer); }
+  void drop_queue(const PeerId& peer) override { links_.drop(peer); }
   void set_limits(const TransportLimits& limits) override { links_.set_limits(limits); }
 
   // Connections whose CURVE key the allow-list refused, since start.

@@ -19,6 +19,8 @@ enum Kind : std::uint8_t { kWhole = 0, kStart = 1, kChunk = 2 };
 // Below this a part is copied: one small memcpy is cheaper than a shared_ptr hand-off.
 constexpr std::size_t kZeroCopyMinBytes = 4096;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
+// A message is a header frame and at most a couple of binary ones (protocol.h).
+constexpr std::size_t kMaxStreamFrames = 8;
 
 void put_u64(std::uint8_t* out, std::uint64_t v) {
   for (int b = 0; b < 8; ++b) out[b] = static_cast<std::uint8_t>(v >> (8 * b));
@@ -192,6 +194,11 @@ std::optional<Message> Reassembly::start(const std::uint8_t* in, std::size_t siz
   }
   reset();
   const std::size_t n = (size - 10) / 8;
+  if (n > kMaxStreamFrames) {
+    error = fmt::format("a stream of {} frames; xloco sends at most {}", n, kMaxStreamFrames);
+    refused_ = get_u64(in + 2);
+    return std::nullopt;
+  }
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t s = get_u64(in + 10 + 8 * i);
@@ -203,6 +210,13 @@ std::optional<Message> Reassembly::start(const std::uint8_t* in, std::size_t siz
     }
     total += s;
     sizes_.push_back(s);
+  }
+  if (max_frame_bytes >= 0 && total > static_cast<std::uint64_t>(max_frame_bytes) + kChunkBytes) {
+    error = fmt::format("a stream of {} bytes is over max_frame_bytes ({}) and a header",
+                        total, max_frame_bytes);
+    reset();
+    refused_ = get_u64(in + 2);
+    return std::nullopt;
   }
   stream_ = get_u64(in + 2);
   total_ = total;
@@ -235,6 +249,7 @@ std::optional<Message> Reassembly::chunk(const std::uint8_t* in, std::size_t siz
                                   stream, offset, data.size(), stream_, received_)
                     : fmt::format("chunk of stream {} with no stream started", stream);
     reset();
+    refused_ = stream;  // the rest of it goes quietly
     return std::nullopt;
   }
   std::size_t f = 0;
