@@ -138,12 +138,13 @@ for i in $(seq 0 $((PROVIDERS - 1))); do
 done
 SET_CSV=$(IFS=,; echo "run.name=$NAME,outer.providers=$PROVIDERS,outer.min_providers=$PROVIDERS${SETS[*]:+,${SETS[*]}}")
 
+http_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')  # the status port is beyond loopback
 common_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="${HOME:-/root}"
             XLOCO_CONFIG="$CONFIG" XLOCO_SET="$SET_CSV")
 echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $(IFS=,; echo "${PROVIDER_RATES[*]}") each way, run $RUN_DIR"
 ip netns exec "$HEAD_NS" "${common_env[@]}" \
   XLOCO_BIND="tcp://0.0.0.0:$ZMQ_PORT" XLOCO_ADVERTISE="tcp://$HEAD_ADDR:$ZMQ_PORT" \
-  XLOCO_HTTP="0.0.0.0:$HTTP_PORT" XLOCO_KEY="$(cat "$keys/head.key")" \
+  XLOCO_HTTP="0.0.0.0:$HTTP_PORT" XLOCO_HTTP_TOKEN="$http_token" XLOCO_KEY="$(cat "$keys/head.key")" \
   XLOCO_ALLOW="$(IFS=,; echo "${allow[*]}")" XLOCO_RANKS_ON_HOST=$((PROVIDERS + 1)) \
   "$XLOCO" head > >(sed -u 's/^/[head] /') 2>&1 &
 head_pid=$!
@@ -170,14 +171,15 @@ rounds_done() { [ -f "$RUN_DIR/metrics/head.jsonl" ] && wc -l < "$RUN_DIR/metric
 # Watch the head's status from outside its namespace, over provider 0's rate-limited link, as an
 # operator would: once a second, timing each answer; keep the last answer for the report.
 status_url="http://$HEAD_ADDR:$HTTP_PORT"
-ip netns exec "$P-p0" python3 -u - "$status_url/status" "$RUN_DIR/status_samples.jsonl" "$RUN_DIR/last_status.json" <<'PY' &
-import json, sys, time, urllib.request
+ip netns exec "$P-p0" env XLOCO_HTTP_TOKEN="$http_token" python3 -u - "$status_url/status" "$RUN_DIR/status_samples.jsonl" "$RUN_DIR/last_status.json" <<'PY' &
+import json, os, sys, time, urllib.request
 url, out, last = sys.argv[1:4]
+auth = {"Authorization": "Bearer " + os.environ["XLOCO_HTTP_TOKEN"]}
 with open(out, "a") as f:
     while True:
         t0 = time.time()
         try:
-            body = urllib.request.urlopen(url, timeout=10).read()
+            body = urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=10).read()
             ok = True
             open(last, "wb").write(body)
         except Exception as e:

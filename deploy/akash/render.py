@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import sys
 from pathlib import Path
 
@@ -82,7 +83,15 @@ def main():
         pubs = sorted(a.keys.glob("provider-*.pub"))
         if not pubs:
             sys.exit(f"render: no provider-*.pub in {a.keys}: make one key per provider first")
+        token_file = a.keys / "http.token"
+        if not token_file.exists():  # the status port is global: it needs a bearer token
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16) + "\n")
+            print(f"render: made {token_file}: xloco status --http-token $(cat {token_file})",
+                  file=sys.stderr)
         values.update(HEAD_SECRET=read_key(a.keys / "head.key"), ADVERTISE=a.advertise,
+                      HTTP_TOKEN=token_file.read_text().strip(),
                       ALLOW=",".join(f"{p.stem}={read_key(p)}" for p in pubs),
                       HEAD_PRICE=a.price or 10000)
     else:

@@ -16,13 +16,14 @@
 #include "net/keys.h"
 #include "net/zmq/transport.h"
 #include "outer/head.h"
+#include "outer/status_http.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;
 
 void add_head_command(CLI::App& app) {
   struct Args {
-    std::string config, bind = "tcp://0.0.0.0:7700", advertise, key, init, endpoint_file, http;
+    std::string config, bind, advertise, key, init, endpoint_file, http, http_token;
     std::vector<std::string> overrides, allow;
     bool insecure = false, resume = false, auto_resume = false;
   };
@@ -30,7 +31,7 @@ void add_head_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("head", "coordinate a DiLoCo run across providers");
   cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile)->envname("XLOCO_CONFIG");
   cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.lr=0.7")->envname("XLOCO_SET")->delimiter(',');
-  cmd->add_option("--bind", a->bind, "ZeroMQ endpoint to bind (port 0 picks a free one)")->envname("XLOCO_BIND");
+  cmd->add_option("--bind", a->bind, "ZeroMQ endpoint to bind (port 0 picks a free one; default tcp://0.0.0.0:7700, tcp://127.0.0.1:7700 with --insecure)")->envname("XLOCO_BIND");
   cmd->add_option("--advertise", a->advertise, "tcp://HOST:PORT providers connect to (default: the bound endpoint)")->envname("XLOCO_ADVERTISE");
   cmd->add_option("--key", a->key, "the head's secret key: a file (xloco keygen) or its Z85 text")->envname("XLOCO_KEY");
   cmd->add_option("--allow", a->allow, "allow-listed provider keys: .pub files, directories of them, or NAME=Z85KEY")->envname("XLOCO_ALLOW")->delimiter(',');
@@ -44,9 +45,13 @@ void add_head_command(CLI::App& app) {
   cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)")->envname("XLOCO_INIT");
   cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening")->envname("XLOCO_ENDPOINT_FILE");
   cmd->add_option("--http", a->http,
-                  "serve GET /status and /metrics on HOST:PORT (port 0 picks a free one; the URL "
-                  "goes to runs/NAME/status.url)")
+                  "serve GET /status and /metrics on HOST:PORT (HOST defaults to 127.0.0.1; port 0 "
+                  "picks a free one; the URL goes to runs/NAME/status.url)")
       ->envname("XLOCO_HTTP");
+  cmd->add_option("--http-token", a->http_token,
+                  "bearer token for the status endpoint, required when --http binds beyond "
+                  "loopback; only its holders see provider addresses")
+      ->envname("XLOCO_HTTP_TOKEN");
   cmd->callback([a]() {
     const auto cfg = common::load_config(a->config, a->overrides);
     common::set_alloc_policy(common::AllocPolicy::kHead);
@@ -54,8 +59,22 @@ void add_head_command(CLI::App& app) {
     // spin against theirs (XLOCO_RANKS_ON_HOST counts the ranks on this machine).
     inner::configure_threads(cfg.run, ranks_on_host(1));
     net::zeromq::ServerOptions so;
-    so.bind = a->bind;
+    so.bind = !a->bind.empty() ? a->bind : a->insecure ? "tcp://127.0.0.1:7700" : "tcp://0.0.0.0:7700";
     so.link.insecure = a->insecure;
+    if (a->insecure) {
+      const auto colon = so.bind.rfind(':');
+      const auto slash = so.bind.find("//");
+      const std::string host = slash == std::string::npos || colon == std::string::npos
+                                   ? ""
+                                   : so.bind.substr(slash + 2, colon - slash - 2);
+      XLOCO_ENFORCE(so.bind.rfind("tcp://", 0) != 0 || outer::is_loopback_host(host),
+                    common::ConfigError,
+                    "head: --insecure links are plaintext and unauthenticated: they bind only a "
+                    "loopback address, not {} (use keys for anything else)",
+                    so.bind);
+    }
+    warn_if_in_argv(a->key, "--key", "XLOCO_KEY");
+    warn_if_in_argv(a->http_token, "--http-token", "XLOCO_HTTP_TOKEN");
     std::string head_pub;
     if (!a->insecure) {
       XLOCO_ENFORCE(!a->key.empty(), common::ConfigError,
@@ -85,6 +104,7 @@ void add_head_command(CLI::App& app) {
     ho.auto_resume = a->auto_resume;
     ho.init = a->init;
     ho.http = a->http;
+    ho.http_token = a->http_token;
     outer::Head head(cfg, ho, std::move(server));
     const int rc = head.run();
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -69,6 +69,7 @@ void add_worker_command(CLI::App& app) {
       if (!a->insecure) {
         XLOCO_ENFORCE(!a->key.empty() && !a->head_pub.empty(), common::ConfigError,
                       "worker: --key FILE and --head-pub KEY are required (or --insecure)");
+        warn_if_in_argv(a->key, "--key", "XLOCO_KEY");
         co.key = net::keypair_from(a->key, "worker --key / XLOCO_KEY");
         co.server_public_key = net::public_key_from(a->head_pub, "worker --head-pub / XLOCO_HEAD_PUB");
       }

@@ -10,6 +10,9 @@ namespace xloco::cli {
 
 // The command line as given, for re-launching this program as child processes.
 const std::vector<std::string>& original_argv();
+// Warns when `secret` (a Z85 secret key, a bearer token) was given on the command line, where
+// every user of the machine reads it in `ps`; `env` names the variable to use instead.
+void warn_if_in_argv(const std::string& secret, const std::string& option, const std::string& env);
 
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

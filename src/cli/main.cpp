@@ -13,6 +13,17 @@ std::vector<std::string> g_argv;
 }
 const std::vector<std::string>& original_argv() { return g_argv; }
 void set_argv_for_main(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
+void warn_if_in_argv(const std::string& secret, const std::string& option, const std::string& env) {
+  if (secret.empty()) return;
+  for (const auto& arg : g_argv) {
+    if (arg == secret || arg == option + "=" + secret) {
+      spdlog::warn("{} was given on the command line, where every user of this machine can read "
+                   "it (ps, /proc); pass it in {} or a file instead",
+                   option, env);
+      return;
+    }
+  }
+}
 }  // namespace xloco::cli
 
 int main(int argc, char** argv) {

@@ -90,6 +90,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.heartbeat_s", c.outer.heartbeat_s, Range{0.05, 3600});
   v("outer.dead_after_s", c.outer.dead_after_s, Range{0.2, 1e7});
   v("outer.hello_interval_s", c.outer.hello_interval_s, Range{0, 1e6});
+  v("outer.norm_bound", c.outer.norm_bound, Range{0, 1e12});
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
 }
@@ -311,7 +312,7 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("keep_checkpoints");
   for (const char* timing : {"round_timeout_s", "deadline_multiple", "deadline_min_s",
                              "start_grace_s", "heartbeat_s", "dead_after_s", "head_timeout_s",
-                             "hello_interval_s",
+                             "hello_interval_s", "norm_bound",
                              "providers", "min_providers"}) {
     j["outer"].erase(timing);  // the head's business: providers need not agree on them
   }

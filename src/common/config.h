@@ -86,6 +86,8 @@ struct OuterConfig {
   double heartbeat_s = 2;        // heartbeat period, both ways
   double dead_after_s = 20;      // a provider silent this long is dead (its round goes on without it)
   double hello_interval_s = 5;   // a member's HELLO this soon after its admission is ignored
+  double norm_bound = 10;        // a contribution whose norm exceeds this × the median of its
+                                 // peers' (this round's and the last's) is refused; 0 = off
   double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
 };

@@ -30,6 +30,15 @@ struct FlatLayout {
     return slots.back();
   }
   int64_t bytes() const { return numel * static_cast<int64_t>(sizeof(float)); }
+  // The parameter holding flat element `index` (0 ≤ index < numel).
+  const ParamSlot& slot_at(int64_t index) const {
+    size_t lo = 0, hi = slots.size();  // the last slot whose offset is ≤ index
+    while (hi - lo > 1) {
+      const size_t mid = (lo + hi) / 2;
+      (slots[mid].offset <= index ? lo : hi) = mid;
+    }
+    return slots[lo];
+  }
 };
 
 }  // namespace xloco::common

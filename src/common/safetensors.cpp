@@ -46,11 +46,15 @@ size_t dtype_size(const std::string& dtype) {
 }
 
 void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  XLOCO_ENFORCE(fd >= 0, IoError, "cannot open directory {} to fsync it: {}", dir,
+                std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // EINVAL: a file system that cannot sync directories (nothing to do there).
+  XLOCO_ENFORCE(rc == 0 || err == EINVAL, IoError, "fsync of directory {}: {}", dir,
+                std::strerror(err));
 }
 
 namespace {
@@ -70,7 +74,11 @@ void write_atomically(const std::string& path, Fill&& fill) {
     ::unlink(tmp.c_str());
     throw;
   }
-  ::close(fd);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(fmt::format("close {}: {}", tmp, std::strerror(err)));
+  }
   XLOCO_ENFORCE(::rename(tmp.c_str(), path.c_str()) == 0, IoError, "rename {} -> {}: {}", tmp,
                 path, std::strerror(errno));
   fsync_dir(std::filesystem::path(path).parent_path().string());

@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <new>
 #include <string>
 
@@ -97,6 +98,46 @@ void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
                       where);
 }
 
+template <class Each>
+void Decoder::stream_pass(const uint8_t* stored, const FrameInfo& info, bool verify_end,
+                          Each&& each) {
+  ZSTD_DCtx* dctx = zstd_->dctx;
+  XLOCO_ENFORCE(!ZSTD_isError(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)), common::Error,
+                "zstd decoder reset failed");
+  ZSTD_inBuffer in{stored, info.stored_bytes, 0};
+  const auto fail = [&](const std::string& why) {
+    XLOCO_FRAME_ENFORCE(false, kCorrupt, "zstd payload at frame offset {}: {}",
+                        info.stored_offset, why);
+  };
+  int stalled = 0;  // zstd may return without progress between stages; it gives up at 16
+  const auto step = [&](ZSTD_outBuffer& out) {
+    const size_t in_before = in.pos, out_before = out.pos;
+    const size_t rc = ZSTD_decompressStream(dctx, &out, &in);
+    if (ZSTD_isError(rc)) fail(ZSTD_getErrorName(rc));
+    stalled = in.pos == in_before && out.pos == out_before ? stalled + 1 : 0;
+    if (stalled > 32) fail("truncated");
+    return rc;
+  };
+  size_t left = 1;  // 0 once zstd has seen the frame end and verified its checksum
+  for (size_t i = 0; i < info.tensors.size(); ++i) {
+    const TensorEntry& e = info.tensors[i];
+    ZSTD_outBuffer out{scratch_.get(), e.bytes, 0};
+    while (out.pos < out.size) {
+      left = step(out);
+      if (left == 0 && out.pos < out.size) fail("ends before the payload does");
+    }
+    each(i, static_cast<const uint8_t*>(scratch_.get()));
+  }
+  if (!verify_end) return;
+  uint8_t extra = 0;  // the epilogue: frame end and content checksum
+  ZSTD_outBuffer more{&extra, 1, 0};
+  while (left != 0) {
+    left = step(more);
+    if (more.pos != 0) fail("longer than the header declares");
+  }
+  if (in.pos != in.size) fail("bytes after the zstd frame");
+}
+
 // A large compressed payload is decompressed twice, one tensor at a time into a buffer the size
 // of the largest tensor: the first pass checks every value and the zstd checksum, the second
 // writes the targets. Nothing is written unless the whole frame is sound, and no buffer the
@@ -107,48 +148,33 @@ void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
   uint64_t largest = 1;
   for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
   reserve_scratch(largest);
-  for (int pass = 0; pass < 2; ++pass) {
-    ZSTD_DCtx* dctx = zstd_->dctx;
-    XLOCO_ENFORCE(!ZSTD_isError(ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only)), common::Error,
-                  "zstd decoder reset failed");
-    ZSTD_inBuffer in{stored, info.stored_bytes, 0};
-    const auto fail = [&](const std::string& why) {
-      XLOCO_FRAME_ENFORCE(false, kCorrupt, "zstd payload at frame offset {}: {}",
-                          info.stored_offset, why);
-    };
-    int stalled = 0;  // zstd may return without progress between stages; it gives up at 16
-    const auto step = [&](ZSTD_outBuffer& out) {
-      const size_t in_before = in.pos, out_before = out.pos;
-      const size_t rc = ZSTD_decompressStream(dctx, &out, &in);
-      if (ZSTD_isError(rc)) fail(ZSTD_getErrorName(rc));
-      stalled = in.pos == in_before && out.pos == out_before ? stalled + 1 : 0;
-      if (stalled > 32) fail("truncated");
-      return rc;
-    };
-    size_t left = 1;  // 0 once zstd has seen the frame end and verified its checksum
-    for (size_t i = 0; i < info.tensors.size(); ++i) {
-      const TensorEntry& e = info.tensors[i];
-      ZSTD_outBuffer out{scratch_.get(), e.bytes, 0};
-      while (out.pos < out.size) {
-        left = step(out);
-        if (left == 0 && out.pos < out.size) fail("ends before the payload does");
-      }
-      if (pass == 0) {
-        check_tensor(info, i, scratch_.get());
-      } else {
-        kernels::decode(info.codec, scratch_.get(), e.numel, info.block_size, targets[i].data, add);
-      }
-    }
-    if (pass == 0) {  // the epilogue: frame end and content checksum
-      uint8_t extra = 0;
-      ZSTD_outBuffer more{&extra, 1, 0};
-      while (left != 0) {
-        left = step(more);
-        if (more.pos != 0) fail("longer than the header declares");
-      }
-      if (in.pos != in.size) fail("bytes after the zstd frame");
-    }
+  stream_pass(stored, info, true,
+              [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); });
+  stream_pass(stored, info, false, [&](size_t i, const uint8_t* bytes) {
+    const TensorEntry& e = info.tensors[i];
+    kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add);
+  });
+}
+
+double Decoder::norm(const uint8_t* frame, size_t size) {
+  const FrameInfo info = parse_frame(frame, size, limits_);
+  double sum = 0;
+  const auto tensor = [&](size_t i, const uint8_t* bytes) {
+    check_tensor(info, i, bytes);
+    const TensorEntry& e = info.tensors[i];
+    sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size);
+  };
+  if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
+    const uint8_t* stored = check_zstd_frame(frame, info);
+    uint64_t largest = 1;
+    for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
+    reserve_scratch(largest);
+    stream_pass(stored, info, true, tensor);
+  } else {
+    const uint8_t* p = payload(frame, info);
+    for (size_t i = 0; i < info.tensors.size(); ++i) tensor(i, p + info.tensors[i].offset);
   }
+  return std::sqrt(sum);
 }
 
 void Decoder::reserve_scratch(uint64_t bytes) {

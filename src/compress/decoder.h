@@ -42,6 +42,11 @@ class Decoder {
     decode_add(frame.data(), frame.size(), targets);
   }
 
+  // The L2 norm of the frame's values, after the same checks as decode() (structure, zstd
+  // checksum, every value finite), without writing them anywhere: the head judges a
+  // contribution by it before adding it into Δ. Memory: as decode().
+  double norm(const uint8_t* frame, size_t size);
+
   const Limits& limits() const { return limits_; }
 
  private:
@@ -49,6 +54,10 @@ class Decoder {
   const uint8_t* payload(const uint8_t* frame, const FrameInfo& info);
   void run_streamed(const uint8_t* frame, const FrameInfo& info,
                     const std::vector<TensorRef>& targets, bool add);
+  // One pass over a large zstd payload, a tensor at a time: `each(i, bytes)` sees tensor i's
+  // payload; the zstd frame's end and checksum are verified after the last tensor.
+  template <class Each>
+  void stream_pass(const uint8_t* stored, const FrameInfo& info, bool verify_end, Each&& each);
   void check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const;
   const uint8_t* check_zstd_frame(const uint8_t* frame, const FrameInfo& info) const;
   void reserve_scratch(uint64_t bytes);

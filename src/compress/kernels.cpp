@@ -377,4 +377,43 @@ void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size
   }
 }
 
+double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size) {
+  double sum = 0;
+  switch (codec) {
+    case Codec::kFp32: {
+      const auto* v = reinterpret_cast<const WireF32*>(payload);
+      for (uint64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i].v) * v[i].v;
+      return sum;
+    }
+    case Codec::kBf16: {
+      const auto* h = reinterpret_cast<const WireU16*>(payload);
+      for (uint64_t i = 0; i < n; ++i) {
+        const double x = from_bf16(h[i].v);
+        sum += x * x;
+      }
+      return sum;
+    }
+    case Codec::kInt8:
+    case Codec::kInt4: {
+      const uint64_t blocks = ceil_div(n, block_size);
+      const uint8_t* q = payload + 4 * blocks;
+      for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t start = b * block_size;
+        const uint64_t len = std::min<uint64_t>(block_size, n - start);
+        const double s = reinterpret_cast<const WireF32*>(payload)[b].v;
+        int64_t q2 = 0;
+        for (uint64_t i = start; i < start + len; ++i) {
+          const int32_t v = codec == Codec::kInt8
+                                ? static_cast<int8_t>(q[i])
+                                : ((i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4) - 8);
+          q2 += v * v;
+        }
+        sum += s * s * static_cast<double>(q2);
+      }
+      return sum;
+    }
+  }
+  return sum;
+}
+
 }  // namespace xloco::compress::kernels

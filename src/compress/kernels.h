@@ -56,4 +56,9 @@ std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
             bool add);
 
+// Σ deq(payload)², accumulated in double (an int8/int4 block adds scale² · Σq²), so that a
+// frame's norm is known without writing its values anywhere. Only for payloads check() accepted;
+// the result is finite for every such payload (|deq| < 2^128 each).
+double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size);
+
 }  // namespace xloco::compress::kernels

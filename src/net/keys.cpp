@@ -153,6 +153,10 @@ KeyPair load_keypair(const fs::path& secret_file) {
   XLOCO_ENFORCE(S_ISREG(st.st_mode), KeyError, "secret key {} is not a regular file",
                 secret_file.string());
   // fstat on the opened file, not stat on the name: the file checked is the file read.
+  XLOCO_ENFORCE(st.st_uid == ::geteuid() || st.st_uid == 0, KeyError,
+                "secret key {} belongs to uid {}, not to this user (uid {}) or root: another user "
+                "could replace it; refusing to use it. Fix with: chown $(id -u) {}",
+                secret_file.string(), st.st_uid, ::geteuid(), secret_file.string());
   XLOCO_ENFORCE((st.st_mode & 077) == 0, KeyError,
                 "secret key {} has mode {:04o}, so group or others can read or change it; "
                 "refusing to use it. Fix with: chmod 600 {}",

@@ -17,9 +17,11 @@ constexpr std::array<const char*, std::variant_size_v<Body>> kTypeNames = {
     "HELLO", "WELCOME", "HEARTBEAT", "ROUND_START", "CONTRIBUTION", "UPDATE", "BYE", "ERROR"};
 
 // Same order as RefusalCode.
-constexpr std::array<const char*, 9> kRefusalNames = {
+constexpr std::array<const char*, 10> kRefusalNames = {
     "malformed", "config_hash", "full", "bad_shard", "rejoin", "future_round", "bad_frame",
-    "bad_tokens", "unexpected"};
+    "bad_tokens", "outlier", "unexpected"};
+static_assert(kRefusalNames.size() == static_cast<std::size_t>(RefusalCode::kUnexpected) + 1,
+              "one wire name per RefusalCode");
 
 // The enum value whose wire name (names[value]) is `name`.
 template <typename E, std::size_t N>

@@ -55,7 +55,8 @@ enum class RefusalCode {
   kRejoin,       // a member's message from a non-member (never joined, dead, head restarted)
   kFutureRound,  // CONTRIBUTION for a round that has not started
   kBadFrame,     // CONTRIBUTION whose codec frame does not decode into the run's model
-  kBadTokens,    // CONTRIBUTION claiming no tokens
+  kBadTokens,    // CONTRIBUTION claiming no tokens, or more than its round's schedule allows
+  kOutlier,      // CONTRIBUTION whose norm is far beyond its peers' (outer.norm_bound)
   kUnexpected,   // a message type this end never receives
 };
 const char* to_string(RefusalCode code);  // the wire name: "config_hash", "rejoin", …

@@ -1,17 +1,44 @@
 #include "outer/aggregate.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include "compress/error.h"
 #include "compress/torch_adapter.h"
 
 namespace xloco::outer {
 
-Aggregator::Aggregator(const common::FlatLayout& layout) : layout_(layout) {}
+NormVerdict judge_norm(double norm, std::vector<double> reference, double bound, bool final_pass) {
+  if (bound <= 0) return {NormAction::kAccept, "outer.norm_bound is 0: norms are not judged"};
+  if (reference.empty()) {
+    if (final_pass) return {NormAction::kAccept, "no peer's norm to compare it with"};
+    return {NormAction::kWait, "waits for a peer's norm to compare it with"};
+  }
+  const auto mid = reference.begin() + static_cast<std::ptrdiff_t>(reference.size() / 2);
+  std::nth_element(reference.begin(), mid, reference.end());
+  double median = *mid;
+  if (reference.size() % 2 == 0) {
+    median = (median + *std::max_element(reference.begin(), mid)) / 2;
+  }
+  if (median > 0 && norm > bound * median) {
+    return {NormAction::kRefuse,
+            fmt::format("its norm {:.4g} is {:.3g}× the median {:.4g} of its peers' (over "
+                        "outer.norm_bound {:g})",
+                        norm, norm / median, median, bound)};
+  }
+  return {NormAction::kAccept, fmt::format("norm {:.4g}, median of its peers' {:.4g}", norm, median)};
+}
+
+Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound)
+    : layout_(layout), norm_bound_(norm_bound) {}
 
 void Aggregator::begin(std::vector<std::string> order) {
+  if (!accepted_.empty()) history_ = std::exchange(accepted_, {});
+  accepted_.clear();
   order_.clear();
-  for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0});
+  for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt});
   next_ = 0;
   added_ = 0;
   ref_tokens_ = 0;
@@ -22,12 +49,20 @@ std::vector<Aggregator::Rejected> Aggregator::add(const std::string& peer, net::
                                                   uint64_t tokens) {
   for (auto& e : order_) {
     if (e.peer != peer || e.slot != Slot::kExpected) continue;
+    try {
+      e.norm = decoder_.norm(frame.data(), frame.size());
+    } catch (const compress::FrameError& ex) {
+      e.slot = Slot::kDone;  // it will not come again: those behind it need not wait
+      auto rejected = drain(false);
+      rejected.insert(rejected.begin(), {peer, ex.what(), net::RefusalCode::kBadFrame});
+      return rejected;
+    }
     e.slot = Slot::kHeld;
     e.frame = std::move(frame);
     e.tokens = tokens;
     return drain(false);
   }
-  return {{peer, "not expected in this round's aggregation"}};
+  return {{peer, "not expected in this round's aggregation", net::RefusalCode::kBadFrame}};
 }
 
 std::vector<Aggregator::Rejected> Aggregator::skip(const std::string& peer) {
@@ -55,12 +90,28 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
     Entry& e = order_[next_];
     if (e.slot == Slot::kExpected && !final_pass) break;
     if (e.slot == Slot::kHeld) {
-      auto r = add_now(e);
-      rejected.insert(rejected.end(), r.begin(), r.end());
+      const auto v = judge_norm(*e.norm, reference_for(e), norm_bound_, final_pass);
+      if (v.action == NormAction::kWait) break;
+      if (v.action == NormAction::kRefuse) {
+        e.frame = {};
+        rejected.push_back({e.peer, v.reason, net::RefusalCode::kOutlier});
+      } else {
+        auto r = add_now(e);
+        rejected.insert(rejected.end(), r.begin(), r.end());
+        if (r.empty()) accepted_.push_back(*e.norm);
+      }
     }
     e.slot = Slot::kDone;
   }
   return rejected;
+}
+
+std::vector<double> Aggregator::reference_for(const Entry& e) const {
+  std::vector<double> out = history_;
+  for (const auto& other : order_) {
+    if (&other != &e && other.norm) out.push_back(*other.norm);
+  }
+  return out;
 }
 
 // Δ accumulates Σ (tokens_i / tokens_first) · deq_i. Providers share H and the batch, so the
@@ -82,7 +133,7 @@ std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
       delta_.add_(scratch_, w);
     }
   } catch (const compress::FrameError& ex) {
-    return {{e.peer, ex.what()}};
+    return {{e.peer, ex.what(), net::RefusalCode::kBadFrame}};
   }
   if (ref_tokens_ == 0) ref_tokens_ = tokens;
   weight_sum_ += w;

@@ -6,9 +6,18 @@
 // otherwise leak into θ and two runs of the same config would differ. A frame that arrives
 // before those ahead of it waits, still compressed, until they are in or known not to come;
 // the wait costs at most (K − 1) compressed frames of memory, in the worst arrival order.
+//
+// A contribution's norm is measured when it arrives (decompressed, never written anywhere) and
+// judged when its turn comes (judge_norm): beyond outer.norm_bound × the median norm of its
+// peers — the other contributions of this round that have arrived, and those accepted in the
+// last round — it is refused, so that one provider cannot move θ alone however it scales its
+// values. The first contribution of a run waits for a second one to compare it with (or for
+// the round's end). With a majority of honest providers the median is an honest norm; a
+// majority of colluding providers is not covered (design §7).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,18 +26,31 @@
 #include "common/layout.h"
 #include "compress/decoder.h"
 #include "net/frame.h"
+#include "net/protocol.h"
 
 namespace xloco::outer {
 
+enum class NormAction { kAccept, kWait, kRefuse };
+struct NormVerdict {
+  NormAction action = NormAction::kAccept;
+  std::string reason;
+};
+// A contribution of norm `norm` against the norms of its peers (`reference`): refused beyond
+// `bound` × their median (bound 0: never), accepted when nothing is left to compare it with at
+// the round's end (`final_pass`), else waits for a peer's norm.
+NormVerdict judge_norm(double norm, std::vector<double> reference, double bound, bool final_pass);
+
 class Aggregator {
  public:
-  explicit Aggregator(const common::FlatLayout& layout);
+  // `norm_bound`: outer.norm_bound (0: norms are not judged).
+  explicit Aggregator(const common::FlatLayout& layout, double norm_bound = 0);
 
-  // A contribution whose frame failed to decode when its turn came (corrupt payload,
-  // non-finite values): it is not in Δ, and Δ is as it was before it.
+  // A contribution that is not in Δ (and Δ is as it was before it): its frame failed to decode
+  // (corrupt payload, non-finite values: kBadFrame), or its norm is an outlier (kOutlier).
   struct Rejected {
     std::string peer;
     std::string reason;
+    net::RefusalCode code = net::RefusalCode::kBadFrame;
   };
 
   // Starts a round: `order` lists every provider expected to contribute, in adding order.
@@ -43,6 +65,8 @@ class Aggregator {
   [[nodiscard]] std::vector<Rejected> finish();
 
   size_t added() const { return added_; }  // contributions in Δ
+  // Norms of the contributions accepted into Δ, in adding order (this round's, until begin()).
+  const std::vector<double>& accepted_norms() const { return accepted_; }
   size_t held_bytes() const;               // compressed frames waiting for their turn
   torch::Tensor& delta() { return delta_; }  // Δ after finish(); defined once anything was added
 
@@ -53,11 +77,16 @@ class Aggregator {
     Slot slot = Slot::kExpected;
     net::Frame frame;
     uint64_t tokens = 0;
+    std::optional<double> norm;  // once it has arrived
   };
   std::vector<Rejected> drain(bool final_pass);
   std::vector<Rejected> add_now(Entry& e);
+  std::vector<double> reference_for(const Entry& e) const;  // its peers' norms
 
   const common::FlatLayout& layout_;
+  const double norm_bound_;
+  std::vector<double> accepted_;  // this round's accepted norms
+  std::vector<double> history_;   // the last round's that accepted any
   compress::Decoder decoder_;
   std::vector<Entry> order_;
   size_t next_ = 0;          // first entry not yet added or skipped

@@ -59,12 +59,21 @@ struct HeadStatus {
   double uptime_s = 0;
   std::string theta_pub_hash;
   std::optional<double> eval_loss;  // the last evaluation's
+  std::map<std::string, uint64_t> refused;  // refusals sent, by wire code (bad_tokens, outlier…)
+  uint64_t discarded_rounds = 0;    // rounds whose outer step would have made θ non-finite
+  uint64_t checkpoint_failures = 0; // checkpoints that could not be written (retried)
+  uint64_t write_failures = 0;      // metrics lines that could not be written (retried)
+  uint64_t last_checkpoint = 0;     // round of the newest checkpoint written by this head
+  std::string last_error;           // the newest failed write, for humans
   std::vector<ProviderStatus> providers;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeadStatus, run, state, reason, round,
                                                 round_in_progress, total_rounds, deadline_s,
                                                 bytes_up, bytes_down, late_contributions,
-                                                uptime_s, theta_pub_hash, eval_loss, providers)
+                                                uptime_s, theta_pub_hash, eval_loss, refused,
+                                                discarded_rounds, checkpoint_failures,
+                                                write_failures, last_checkpoint, last_error,
+                                                providers)
 
 // One line of metrics/head.jsonl: a closed round. The optional fields (RoundRecord, below) are
 // omitted when absent, so that a reader asks whether a round was evaluated, not for a null.
@@ -83,12 +92,14 @@ struct RoundFields {
   double round_wall_s = 0;                   // ROUND_START to the next ROUND_START
   double sync_overhead = 0;                  // 1 − compute_s / round_wall_s
   std::string theta_pub_hash;                // after the update
+  std::map<std::string, std::string> refused; // provider → why its contribution was refused
+  std::string discarded;                     // why the round's outer step was not taken, if not
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants, reason,
                                                 bytes_up, bytes_down, update_bytes, round_s,
                                                 compute_s, comm_s, frames, deadline_s,
                                                 late_contributions, round_wall_s, sync_overhead,
-                                                theta_pub_hash)
+                                                theta_pub_hash, refused, discarded)
 struct RoundRecord : RoundFields {
   std::optional<double> eval_loss;       // when the round was evaluated
   std::optional<double> eval_accuracy;   // cnn
@@ -109,11 +120,17 @@ struct RunSummary {
   int64_t head_peak_rss_bytes = 0;
   double param_bytes = 0;
   uint64_t late_contributions = 0;
+  std::map<std::string, uint64_t> refused;  // as in /status
+  uint64_t discarded_rounds = 0;
+  uint64_t checkpoint_failures = 0;
+  uint64_t write_failures = 0;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RunSummary, rounds, final_eval_loss, bytes_up,
                                                 bytes_down, fp32_dp_bytes, bytes_vs_fp32_dp,
                                                 wall_s, theta_pub_hash, head_peak_rss_bytes,
-                                                param_bytes, late_contributions)
+                                                param_bytes, late_contributions, refused,
+                                                discarded_rounds, checkpoint_failures,
+                                                write_failures)
 
 // A head checkpoint's state.json (next to model.safetensors and outer.safetensors).
 struct CheckpointMember {

@@ -1,5 +1,6 @@
 #include "outer/global_model.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -25,7 +26,7 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       data_(inner::make_dataset(config, {0, 1})),
       evaluator_(std::make_unique<inner::InnerTrainer>(config, inner::make_model(config), solo_,
                                                        torch::Device(torch::kCPU))),
-      aggregator_(evaluator_->layout()),
+      aggregator_(evaluator_->layout(), config.outer.norm_bound),
       down_enc_(downlink_codec(config.outer)),
       state_enc_(full_state_codec()) {
   opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel);
@@ -127,7 +128,17 @@ GlobalModel::Closed GlobalModel::close_round() {
   Closed out;
   out.rejected = aggregator_.finish();
   torch::Tensor& delta = aggregator_.delta();
-  if (aggregator_.added() > 0) opt_->step(theta_true_, delta);
+  if (aggregator_.added() > 0) {
+    if (const auto at = opt_->non_finite_at(theta_true_, delta)) {
+      const auto& slot = layout().slot_at(*at);
+      out.discarded = fmt::format(
+          "the outer step would make {}[{}] non-finite (Δ there {}, θ {}): round discarded, θ and "
+          "the momentum kept",
+          slot.name, *at - slot.offset, delta[*at].item<float>(), theta_true_[*at].item<float>());
+    } else {
+      opt_->step(theta_true_, delta);
+    }
+  }
 
   std::vector<uint8_t> frame;
   if (config_.outer.codec_down == common::CodecKind::kFp32) {
@@ -166,29 +177,56 @@ std::string GlobalModel::write_checkpoint(const std::string& root, HeadCheckpoin
 }
 
 HeadCheckpointState GlobalModel::resume(const std::string& root, const std::string& config_hash) {
-  const auto dir = common::latest_checkpoint(root);
-  XLOCO_ENFORCE(dir.has_value(), common::IoError, "--resume: no checkpoint under {}", root);
-  const auto state = read_document<HeadCheckpointState>(*dir + "/state.json");
+  const auto candidates = common::checkpoint_candidates(root);
+  XLOCO_ENFORCE(!candidates.empty(), common::IoError, "--resume: no checkpoint under {}", root);
+  std::vector<std::string> skipped;
+  for (const auto& dir : candidates) {
+    bool legacy = false;
+    if (const auto problem = common::verify_checkpoint(dir, &legacy)) {
+      spdlog::warn("resume: skipping {}: {}; falling back to the one before it", dir, *problem);
+      skipped.push_back(dir + ": " + *problem);
+      continue;
+    }
+    if (legacy) spdlog::warn("resume: {} has no {} (written before manifests): not verified", dir, common::kManifestFile);
+    try {
+      auto state = load_checkpoint(dir, config_hash);
+      if (!skipped.empty()) {
+        spdlog::warn("resumed from {}, not the newest checkpoint: {}", dir, fmt::join(skipped, "; "));
+      }
+      return state;
+    } catch (const common::ConfigError&) {
+      throw;  // the run's config differs: no older checkpoint will do better
+    } catch (const common::Error& e) {
+      spdlog::warn("resume: skipping {}: {}; falling back to the one before it", dir, e.what());
+      skipped.push_back(dir + ": " + e.what());
+    }
+  }
+  throw common::IoError(fmt::format("--resume: no usable checkpoint under {}: {}", root,
+                                    fmt::join(skipped, "; ")));
+}
+
+HeadCheckpointState GlobalModel::load_checkpoint(const std::string& dir, const std::string& config_hash) {
+  const auto state = read_document<HeadCheckpointState>(dir + "/state.json");
   XLOCO_ENFORCE(state.config_hash == config_hash, common::ConfigError,
-                "--resume: {} was written with a different config (hash {} vs {})", *dir,
+                "--resume: {} was written with a different config (hash {} vs {})", dir,
                 state.config_hash, config_hash);
-  const auto outer_file = common::read_safetensors(*dir + "/outer.safetensors");
+  const auto outer_file = common::read_safetensors(dir + "/outer.safetensors");
   const auto* mom = outer_file.find("momentum");
   const auto* tp = outer_file.find("theta_pub");
-  XLOCO_ENFORCE(mom && tp, common::IoError, "{}/outer.safetensors lacks momentum/theta_pub", *dir);
-  evaluator_->load_model(common::read_safetensors(*dir + "/model.safetensors"));
+  XLOCO_ENFORCE(mom && tp, common::IoError, "{}/outer.safetensors lacks momentum/theta_pub", dir);
+  evaluator_->load_model(common::read_safetensors(dir + "/model.safetensors"));
   theta_true_.copy_(theta_pub());
   theta_pub().copy_(inner::from_blob(*tp));
   opt_->momentum().copy_(inner::from_blob(*mom));
   XLOCO_ENFORCE(hash_of(theta_pub()) == state.theta_pub_hash, common::IoError,
-                "{}: theta_pub does not match its hash in state.json", *dir);
+                "{}: theta_pub does not match its hash in state.json", dir);
   XLOCO_ENFORCE(hash_of(opt_->momentum()) == state.momentum_hash, common::IoError,
-                "{}: outer momentum does not match its hash in state.json", *dir);
+                "{}: outer momentum does not match its hash in state.json", dir);
   pub_hash_ = state.theta_pub_hash;
   prev_hash_.clear();
   pub_round_ = state.round;
   state_owner_.reset();
-  spdlog::info("resumed from {}: round {} done, theta_pub {}, momentum {}", *dir, state.round,
+  spdlog::info("resumed from {}: round {} done, theta_pub {}, momentum {}", dir, state.round,
                state.theta_pub_hash, state.momentum_hash);
   return state;
 }

@@ -77,10 +77,14 @@ class GlobalModel {
   // with nothing in Δ leaves θ_true alone and sends only the downlink residual.
   // While an evaluation runs, θ_pub keeps its value and the update waits (`deferred`); the
   // head must end that evaluation before the next round closes (has_pending()).
+  // A round whose outer step would leave θ_true or the momentum non-finite is discarded: both
+  // stay as they were (the update carries only the downlink residual), and `discarded` says
+  // where and why. What poisons a round never reaches θ, θ_pub or a checkpoint.
   struct Closed {
     net::Frame update;
     std::vector<Aggregator::Rejected> rejected;
     bool deferred = false;
+    std::optional<std::string> discarded;
   };
   Closed close_round();
   bool has_pending() const { return !pending_.empty(); }
@@ -99,13 +103,17 @@ class GlobalModel {
   // ckpt/round-NNNNNN under `root`: model.safetensors (θ_true, nanoGPT names),
   // outer.safetensors (momentum, θ_pub), state.json (`state`, completed with the hashes).
   std::string write_checkpoint(const std::string& root, HeadCheckpointState state, int keep);
-  // Loads the newest checkpoint under `root` after checking its config hash and the hashes of
-  // θ_pub and the momentum; throws common::IoError / ConfigError naming what differs.
+  // Loads the newest complete checkpoint under `root`: each is verified against its manifest
+  // (common::verify_checkpoint), its config hash, and the hashes of θ_pub and the momentum; one
+  // that fails is skipped, saying why, for the one before it. Throws common::ConfigError when
+  // the config differs, common::IoError when no checkpoint is usable (naming each and why).
   HeadCheckpointState resume(const std::string& root, const std::string& config_hash);
 
   ~GlobalModel();  // cancels and joins an evaluation still running
 
  private:
+  HeadCheckpointState load_checkpoint(const std::string& dir, const std::string& config_hash);
+
   common::Config config_;
   inner::Group solo_{inner::DistOptions{}};
   std::unique_ptr<inner::Dataset> data_;

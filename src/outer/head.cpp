@@ -15,6 +15,13 @@ namespace fs = std::filesystem;
 Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t)
     : cfg(c), opts(std::move(o)), net(std::move(t)), model(c, opts.init),
       total(common::total_rounds(c)), ledger(cfg, opts.run_dir, opts.observer.round_closed) {
+  // A run directory the head cannot write is found now, not at the first checkpoint; what an
+  // interrupted checkpoint left behind goes.
+  common::check_writable(opts.run_dir);
+  common::check_writable(ckpt_root());
+  for (const auto& stale : common::remove_stale_temp(ckpt_root())) {
+    spdlog::info("removed {} under {}, left by an interrupted checkpoint", stale, ckpt_root());
+  }
   const auto start = decide_resume(opts.resume, opts.auto_resume,
                                    common::latest_checkpoint(ckpt_root()), opts.run_dir);
   XLOCO_ENFORCE(start.from != StartFrom::kRefuse, common::ConfigError, "{}", start.reason);
@@ -24,16 +31,28 @@ Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Tr
     ledger.restore(st, members);
     done_rounds = st.round;
   }
-  if (!opts.http.empty()) status = StatusServer::start(opts.http, opts.run_dir);
+  if (!opts.http.empty()) status = StatusServer::start(opts.http, opts.run_dir, opts.http_token);
   // A frame is at most the parameters in fp32 plus its tables; a peer's queue may hold a full
   // state and two updates, beyond which it does not keep up (and held frames cost memory).
   net->set_limits({model.max_frame_bytes(),
                    model.max_frame_bytes() + 2 * model.max_update_bytes() + (std::int64_t{16} << 20)});
 }
 
-void Head::Impl::checkpoint() {
+// A checkpoint that cannot be written (a full disk) is logged and counted, and the previous one
+// stands; the head goes on and tries again after the next round.
+bool Head::Impl::checkpoint() {
   const auto st = ledger.checkpoint_state(done_rounds, members);
-  spdlog::info("checkpoint {}", model.write_checkpoint(ckpt_root(), st, cfg.outer.keep_checkpoints));
+  try {
+    spdlog::info("checkpoint {}", model.write_checkpoint(ckpt_root(), st, cfg.outer.keep_checkpoints));
+  } catch (const common::Error& e) {
+    ledger.checkpoint_failed(e.what());
+    checkpoint_failed_at = done_rounds;
+    spdlog::error("{} (the previous checkpoint stands; retried after the next round)", e.what());
+    return false;
+  }
+  ledger.checkpoint_written(done_rounds);
+  checkpoint_failed_at.reset();
+  return true;
 }
 
 void Head::Impl::try_start_round() {
@@ -76,6 +95,10 @@ void Head::Impl::close_round(const std::string& reason) {
   for (const auto& t : stragglers(round, reason)) set_state(t);
   auto closed = model.close_round();
   reject(closed.rejected);
+  if (closed.discarded) {
+    spdlog::error("round {}: {}", round.round, *closed.discarded);
+    ledger.count_discarded();
+  }
   for (auto& [name, m] : members) {
     if (!is_live(m.state)) continue;
     send(name, net::Update{closed.update}, round.round);
@@ -92,6 +115,7 @@ void Head::Impl::close_round(const std::string& reason) {
   if (!last) try_start_round();
   if (!closed.deferred) model.rehash();
   rec.theta_pub_hash = closed.deferred ? "" : model.pub_hash();
+  rec.discarded = closed.discarded.value_or("");
   const bool evaluate = last || (cfg.outer.eval_every > 0 && done_rounds % cfg.outer.eval_every == 0);
   if (evaluate && eval_due) ledger.skip_eval(*eval_due, "a later round was due before it could start");
   if (evaluate) eval_due = done_rounds;
@@ -112,10 +136,8 @@ void Head::Impl::background() {
     }
     eval_due.reset();
   }
-  if (checkpoint_due && !model.has_pending()) {
-    checkpoint();
-    checkpoint_due = false;
-  }
+  const bool retry_now = !checkpoint_failed_at || done_rounds > *checkpoint_failed_at;
+  if (checkpoint_due && !model.has_pending() && retry_now) checkpoint_due = !checkpoint();
 }
 
 void Head::Impl::evaluated(const GlobalModel::Evaluation& e) {

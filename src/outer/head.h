@@ -34,6 +34,7 @@ struct HeadOptions {
   std::string init;                   // warm start θ from this checkpoint (model.safetensors)
   std::string summary_file;           // where the end-of-run summary JSON goes ("" = run_dir/summary.json)
   std::string http;                   // HOST:PORT of the status endpoint ("" = none)
+  std::string http_token;             // its bearer token (required beyond loopback)
   HeadObserver observer;
 };
 

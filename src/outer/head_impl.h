@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/log_limit.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 #include "outer/global_model.h"
@@ -39,12 +40,14 @@ struct Head::Impl {
   std::atomic<bool> stop_requested{false};
   std::optional<uint64_t> eval_due;  // a closed round to evaluate once θ_pub holds it
   bool checkpoint_due = false;       // waits while an evaluation holds an update back
+  std::optional<uint64_t> checkpoint_failed_at;
+  common::LogLimiter warnings{10, 60};  // refusals a peer provokes, by peer and code  // a failed checkpoint is retried after this round
 
   // head.cpp: start-up (resume or not), the loop, rounds, evaluation, checkpoints, the end.
   Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t);
   int run();
   std::string ckpt_root() const { return opts.run_dir + "/ckpt"; }
-  void checkpoint();
+  bool checkpoint();  // false: not written (logged and counted)
   void try_start_round();
   void start_round();
   void close_round(const std::string& reason);

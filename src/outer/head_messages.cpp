@@ -21,7 +21,10 @@ bool Head::Impl::send(const std::string& peer, net::Body body, uint64_t r) {
 }
 
 void Head::Impl::refuse(const std::string& peer, net::RefusalCode code, const std::string& why) {
-  spdlog::warn("refused {}: {}", peer, why);
+  ledger.count_refusal(net::to_string(code));
+  if (const auto v = warnings.check(peer + " " + net::to_string(code)); v.log) {
+    spdlog::warn("refused {}: {}{}", peer, why, common::LogLimiter::note(v));
+  }
   send(peer, net::ErrorReply{code, why}, done_rounds);
 }
 
@@ -52,13 +55,17 @@ void Head::Impl::leave_round(const std::string& peer) {
   reject(model.aggregator().skip(peer));
 }
 
-// Contributions whose frames failed to decode when their turn came.
+// Contributions the aggregator would not add (a frame that fails to decode, an outlier norm):
+// not in Δ, and the round does not wait for another from the same provider.
 void Head::Impl::reject(const std::vector<Aggregator::Rejected>& rejected) {
   for (const auto& r : rejected) {
     round.contributed.erase(r.peer);
+    round.active.erase(r.peer);
+    round.optional.erase(r.peer);
     ledger.forget_frame(r.peer);
-    refuse(r.peer, net::RefusalCode::kBadFrame,
-           fmt::format("contribution of {} for round {}: {}", r.peer, round.round, r.reason));
+    const auto why = fmt::format("contribution of {} for round {}: {}", r.peer, round.round, r.reason);
+    ledger.note_refused_contribution(r.peer, why);
+    refuse(r.peer, r.code, why);
   }
 }
 
@@ -118,10 +125,17 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
 }
 
 void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
-  const auto v = judge_contribution(peer, r, c.tokens, members, in_round ? &round : nullptr,
-                                    done_rounds, frame_problem(c.payload, model.layout()));
+  const auto v = judge_contribution(peer, r, c.tokens, round_token_allowance(cfg, r), members,
+                                    in_round ? &round : nullptr, done_rounds,
+                                    frame_problem(c.payload, model.layout(), cfg.outer));
   if (opts.observer.contribution) opts.observer.contribution(peer, r, v);
-  if (v.action == ContributionAction::kRefuse) return refuse(peer, v.code, v.reason);
+  if (v.action == ContributionAction::kRefuse) {
+    if (in_round && r == round.round && round.active.count(peer)) {
+      ledger.note_refused_contribution(peer, v.reason);
+      leave_round(peer);  // it has handed in what it had for this round
+    }
+    return refuse(peer, v.code, v.reason);
+  }
   if (v.action == ContributionAction::kDrop) {
     if (v.late) ledger.count_late();
     return spdlog::warn("{}", v.reason);

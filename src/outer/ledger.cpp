@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/checkpoint.h"
+#include "common/error.h"
 
 namespace xloco::outer {
 RunLedger::RunLedger(const common::Config& config, const std::string& run_dir,
@@ -48,6 +49,7 @@ RoundRecord RunLedger::close_round(const RoundState& round, const std::string& r
   }
   rec.comm_s = std::max(0.0, rec.round_s - rec.compute_s);
   rec.frames = frames_;
+  rec.refused = round_refused_;
   rec.deadline_s = round.deadline_s;
   rec.bytes_up = summary_.bytes_up;
   rec.bytes_down = summary_.bytes_down;
@@ -89,17 +91,37 @@ void RunLedger::record_hash(uint64_t round, const std::string& hash) {
   flush();
 }
 
+void RunLedger::checkpoint_failed(const std::string& why) {
+  ++summary_.checkpoint_failures;
+  last_error_ = why;
+}
+
+// Complete records go to head.jsonl in order. One that cannot be written (a full disk) waits,
+// with those after it, for the next record's write; nothing is lost while the head runs.
 void RunLedger::flush() {
   while (!held_.empty() && !held_.front().await_eval && !held_.front().await_hash) {
-    write_round(held_.front().record);
-    if (written_) written_(held_.front().record);
+    unwritten_.push_back(std::move(held_.front().record));
     held_.pop_front();
+  }
+  while (!unwritten_.empty()) {
+    const RoundRecord& rec = unwritten_.front();
+    try {
+      if (!metrics_.is_open()) metrics_.open(metrics_path_);
+      metrics_.write(rec);
+    } catch (const common::Error& e) {
+      ++summary_.write_failures;
+      last_error_ = e.what();
+      spdlog::error("round {}: {} ({} records wait to be written; retried at the next round)",
+                    rec.round, e.what(), unwritten_.size());
+      return;
+    }
+    write_round(rec);
+    if (written_) written_(rec);
+    unwritten_.pop_front();
   }
 }
 
 void RunLedger::write_round(const RoundRecord& rec) {
-  if (!metrics_.is_open()) metrics_.open(metrics_path_);
-  metrics_.write(rec);
   const uint64_t done_rounds = rec.round;
   const double per_round = uptime_s() / static_cast<double>(done_rounds - resumed_from_);
   spdlog::info("round {}/{} | {} providers | {} up | {} down | round {:.2f}s {}| ETA {}", done_rounds,
@@ -126,6 +148,12 @@ HeadStatus RunLedger::status(const std::string& state, const std::string& reason
   s.uptime_s = uptime_s();
   s.theta_pub_hash = pub_hash;
   s.eval_loss = last_eval_;
+  s.refused = summary_.refused;
+  s.discarded_rounds = summary_.discarded_rounds;
+  s.checkpoint_failures = summary_.checkpoint_failures;
+  s.write_failures = summary_.write_failures;
+  s.last_checkpoint = last_checkpoint_;
+  s.last_error = last_error_;
   s.providers = provider_statuses(members, Clock::now());
   return s;
 }
@@ -163,7 +191,13 @@ const RunSummary& RunLedger::finish(uint64_t done_rounds, const std::string& pub
   s.bytes_vs_fp32_dp = (s.bytes_up + s.bytes_down) / s.fp32_dp_bytes;
   s.late_contributions = late_contributions_;
   s.head_peak_rss_bytes = common::peak_rss_bytes();
-  common::write_file_atomic(path, nlohmann::json(s).dump(2) + "\n");
+  flush();
+  try {
+    common::write_file_atomic(path, nlohmann::json(s).dump(2) + "\n");
+  } catch (const common::Error& e) {
+    ++s.write_failures;
+    spdlog::error("summary not written: {}", e.what());
+  }
   spdlog::info("done: {} rounds, final eval loss {:.4f}, {} up, {} down ({:.5f} of fp32 data "
                "parallel), theta_pub {}",
                s.rounds, s.final_eval_loss, common::human_bytes(s.bytes_up),

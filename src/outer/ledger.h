@@ -29,9 +29,22 @@ class RunLedger {
   void count_up(Member& m, size_t bytes);
   void count_down(Member& m, size_t bytes);
   void count_late() { ++late_contributions_; }
+  // A refusal sent (any message), by its wire code; a contribution's also goes in its round's
+  // record with the reason.
+  void count_refusal(const std::string& code) { ++summary_.refused[code]; }
+  void note_refused_contribution(const std::string& peer, const std::string& why) {
+    round_refused_[peer] = why;
+  }
+  void count_discarded() { ++summary_.discarded_rounds; }
+  // Checkpoint writes: a failure is counted and remembered for /status; the head retries.
+  void checkpoint_failed(const std::string& why);
+  void checkpoint_written(uint64_t round) { last_checkpoint_ = round; }
   void note_frame(const std::string& peer, const std::string& hash) { frames_[peer] = hash; }
   void forget_frame(const std::string& peer) { frames_.erase(peer); }
-  void new_round() { frames_.clear(); }
+  void new_round() {
+    frames_.clear();
+    round_refused_.clear();
+  }
 
   // The record of a round that just closed with `round.contributed`; credits their tokens.
   RoundRecord close_round(const RoundState& round, const std::string& reason, Members& members,
@@ -71,6 +84,10 @@ class RunLedger {
   uint64_t late_contributions_ = 0, resumed_from_ = 0;
   std::optional<double> last_eval_;
   std::map<std::string, std::string> frames_;  // provider → BLAKE2b of its contribution
+  std::map<std::string, std::string> round_refused_;  // provider → why, this round
+  uint64_t last_checkpoint_ = 0;
+  std::string last_error_;
+  std::deque<RoundRecord> unwritten_;  // complete records a failed write left for later
   struct Held {
     RoundRecord record;
     bool await_eval = false, await_hash = false;

@@ -7,6 +7,7 @@
 
 #include "compress/decoder.h"
 #include "compress/error.h"
+#include "outer/sync.h"
 
 namespace xloco::outer {
 
@@ -127,8 +128,8 @@ Admission admit(Clock::time_point now, const std::string& peer, const net::Hello
 }
 
 ContributionVerdict judge_contribution(const std::string& peer, uint64_t round, uint64_t tokens,
-                                       const Members& members, const RoundState* open,
-                                       uint64_t done_rounds,
+                                       uint64_t allowed_tokens, const Members& members,
+                                       const RoundState* open, uint64_t done_rounds,
                                        const std::optional<std::string>& frame_problem) {
   using net::RefusalCode;
   const auto it = members.find(peer);
@@ -164,6 +165,12 @@ ContributionVerdict judge_contribution(const std::string& peer, uint64_t round, 
     return {ContributionAction::kRefuse, RefusalCode::kBadTokens, false,
             fmt::format("contribution of {} for round {} claims 0 tokens", peer, round)};
   }
+  if (tokens > allowed_tokens) {
+    return {ContributionAction::kRefuse, RefusalCode::kBadTokens, false,
+            fmt::format("contribution of {} for round {} claims {} tokens, the round's schedule "
+                        "allows {}",
+                        peer, round, tokens, allowed_tokens)};
+  }
   if (frame_problem) {
     return {ContributionAction::kRefuse, RefusalCode::kBadFrame, false,
             fmt::format("contribution of {} for round {}: {}", peer, round, *frame_problem)};
@@ -189,12 +196,34 @@ std::optional<std::string> frame_mismatch(const compress::FrameInfo& frame,
   return std::nullopt;
 }
 
-std::optional<std::string> frame_problem(const net::Frame& frame, const common::FlatLayout& layout) {
+std::optional<std::string> frame_problem(const net::Frame& frame, const common::FlatLayout& layout,
+                                         const common::OuterConfig& config) {
+  compress::FrameInfo info;
   try {
-    return frame_mismatch(compress::Decoder().inspect(frame.data(), frame.size()), layout);
+    info = compress::Decoder().inspect(frame.data(), frame.size());
   } catch (const compress::FrameError& e) {
     return std::string(e.what());
   }
+  const compress::Codec want = to_codec(config.codec_up);
+  if (info.codec != want) {
+    return fmt::format("its codec is {}, the run's outer.codec_up is {}",
+                       compress::to_string(info.codec), compress::to_string(want));
+  }
+  const bool blocked = want == compress::Codec::kInt8 || want == compress::Codec::kInt4;
+  if (blocked && info.block_size != static_cast<uint32_t>(config.block_size)) {
+    return fmt::format("its block size is {}, the run's outer.block_size is {}", info.block_size,
+                       config.block_size);
+  }
+  return frame_mismatch(info, layout);
+}
+
+uint64_t round_token_allowance(const common::Config& config, uint64_t round) {
+  const int64_t H = config.outer.inner_steps;
+  const int64_t first = static_cast<int64_t>(round - 1) * H;
+  const int64_t steps = std::max<int64_t>(0, std::min<int64_t>(first + H, config.inner.steps) - first);
+  const int64_t per_sample = config.model.kind == common::ModelKind::kGpt ? config.model.seq_len : 1;
+  return static_cast<uint64_t>(steps) * static_cast<uint64_t>(config.inner.batch_size) *
+         static_cast<uint64_t>(per_sample);
 }
 
 std::vector<Transition> sweep(Clock::time_point now, const Members& members,

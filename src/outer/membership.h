@@ -115,20 +115,29 @@ struct ContributionVerdict {
   std::string reason;
 };
 // `open` is the round in progress, or null between rounds; `done_rounds` the last one closed;
-// `frame_problem` what is wrong with the frame's structure (frame_mismatch, or the FrameError
-// of reading its header), nullopt when nothing is.
+// `allowed_tokens` what the round's schedule lets a provider process (round_token_allowance):
+// a claim beyond it is refused, so that no provider can outweigh the others by what it says;
+// `frame_problem` what is wrong with the frame's structure (frame_problem()), nullopt when
+// nothing is.
 ContributionVerdict judge_contribution(const std::string& peer, uint64_t round, uint64_t tokens,
-                                       const Members& members, const RoundState* open,
-                                       uint64_t done_rounds,
+                                       uint64_t allowed_tokens, const Members& members,
+                                       const RoundState* open, uint64_t done_rounds,
                                        const std::optional<std::string>& frame_problem);
+
+// The tokens a provider processes in `round` when it follows the schedule: the round's inner
+// steps × inner.batch_size × model.seq_len (samples for the CNN). Its ranks split the batch.
+uint64_t round_token_allowance(const common::Config& config, uint64_t round);
 
 // A frame's tensor table against the run's layout: nullopt when every name and shape agrees,
 // else what differs first.
 std::optional<std::string> frame_mismatch(const compress::FrameInfo& frame,
                                           const common::FlatLayout& layout);
-// frame_mismatch of an untrusted frame's header, or what makes the header unreadable (its
-// payload is not read here: values are checked when the frame is decoded).
-std::optional<std::string> frame_problem(const net::Frame& frame, const common::FlatLayout& layout);
+// What is wrong with an untrusted contribution's header: unreadable, a codec or block size
+// other than the run's outer.codec_up and outer.block_size, or a tensor table other than the
+// model's (frame_mismatch). Its payload is not read here: values are checked when the frame is
+// decoded.
+std::optional<std::string> frame_problem(const net::Frame& frame, const common::FlatLayout& layout,
+                                         const common::OuterConfig& config);
 
 // ------------------------------------------------------------------ liveness
 

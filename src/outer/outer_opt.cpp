@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 namespace xloco::outer {
 
 OuterOptimizer::OuterOptimizer(const common::OuterConfig& config, int64_t numel)
@@ -20,6 +22,33 @@ void OuterOptimizer::step(torch::Tensor& theta, const torch::Tensor& delta) {
   } else {
     theta.add_(momentum_, -lr_);
   }
+}
+
+std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
+                                                     const torch::Tensor& delta) const {
+  torch::NoGradGuard guard;
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t n = theta.numel();
+  for (int64_t o = 0; o < n; o += kChunk) {
+    const int64_t c = std::min(kChunk, n - o);
+    const auto d = delta.narrow(0, o, c);
+    auto t = theta.narrow(0, o, c).clone();
+    torch::Tensor bad;
+    if (mu_ == 0) {
+      t.add_(d, -lr_);
+      bad = torch::isfinite(t).logical_and(torch::isfinite(d)).logical_not();
+    } else {
+      auto m = momentum_.narrow(0, o, c).clone().mul_(mu_).add_(d);
+      if (nesterov_) {
+        t.add_(d, -lr_).add_(m, -lr_ * mu_);
+      } else {
+        t.add_(m, -lr_);
+      }
+      bad = torch::isfinite(t).logical_and(torch::isfinite(m)).logical_and(torch::isfinite(d)).logical_not();
+    }
+    if (bad.any().item<bool>()) return o + bad.nonzero()[0][0].item<int64_t>();
+  }
+  return std::nullopt;
 }
 
 }  // namespace xloco::outer

@@ -3,6 +3,9 @@
 // buf ← μ·buf + Δ; step = Nesterov ? Δ + μ·buf : buf; θ ← θ − lr·step.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include <torch/types.h>
 
 #include "common/config.h"
@@ -13,6 +16,10 @@ class OuterOptimizer {
  public:
   OuterOptimizer(const common::OuterConfig& config, int64_t numel);
   void step(torch::Tensor& theta, const torch::Tensor& delta);
+  // The first flat index at which step(theta, delta) would leave θ or the momentum non-finite
+  // (or at which Δ is), computed chunk by chunk with the same operations as step() and written
+  // nowhere; nullopt when the step is sound. A round that fails it is discarded (design §7).
+  std::optional<int64_t> non_finite_at(const torch::Tensor& theta, const torch::Tensor& delta) const;
   torch::Tensor& momentum() { return momentum_; }
 
  private:

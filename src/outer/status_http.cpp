@@ -12,6 +12,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <sodium.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -34,10 +35,10 @@ std::pair<std::string, std::string> split_host_port(const std::string& text, con
                 "{} \"{}\" must be HOST:PORT", what, text);
   std::string host = text.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host.empty() ? "0.0.0.0" : host, text.substr(colon + 1)};
+  return {host.empty() ? "127.0.0.1" : host, text.substr(colon + 1)};
 }
 
-// A blocking socket that gives up on a silent peer instead of holding the status thread.
+// A blocking socket that gives up on a silent peer (http_get, the client side).
 void set_timeouts(int fd, double seconds) {
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(seconds);
@@ -57,67 +58,143 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
+bool equal_secret(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 }  // namespace
 
+bool is_loopback_host(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(host, ec);
+  return !ec && addr.is_loopback();
+}
+
+// Asynchronous: every connection has its own 5 s deadline for the whole exchange, many are
+// served at once on the one thread, and none can hold the others (or the head's exit) up.
 struct StatusServer::Impl {
+  static constexpr int kMaxConnections = 64;
+  static constexpr auto kDeadline = std::chrono::seconds(5);
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::thread thread;
   mutable std::mutex mu;
   HeadStatus status;
-  std::string host;
+  std::string host, token;
+  bool open_bind = false;  // bound beyond loopback: every request needs the token
+  int connections = 0;     // the io thread only
 
   void accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (!ec) serve(std::move(socket));
+      if (!ec) {
+        if (connections >= kMaxConnections) {
+          beast::error_code ignored;
+          socket.close(ignored);  // full: the oldest leave within their deadline
+        } else {
+          std::make_shared<Session>(*this, std::move(socket))->start();
+        }
+      }
       if (acceptor.is_open()) accept();
     });
   }
 
-  void serve(tcp::socket socket) {
-    set_timeouts(socket.native_handle(), 5.0);
-    beast::error_code ec;
-    beast::flat_buffer buffer;
-    http::request_parser<http::empty_body> parser;
-    parser.header_limit(16 * 1024);
-    http::read(socket, buffer, parser, ec);
-    if (ec) return;
-    const auto& req = parser.get();
+  http::response<http::string_body> respond(const http::request<http::empty_body>& req) const {
     http::response<http::string_body> res;
     res.version(req.version());
     res.set(http::field::server, "xloco");
     res.keep_alive(false);
-    const std::string target(req.target());
-    HeadStatus snapshot;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      snapshot = status;
-    }
-    if (req.method() != http::verb::get) {
-      res.result(http::status::method_not_allowed);
+    const auto text = [&](http::status code, const std::string& body) {
+      res.result(code);
       res.set(http::field::content_type, "text/plain");
-      res.body() = "only GET\n";
+      res.body() = body;
+    };
+    const std::string target(req.target());
+    std::string presented;
+    if (const auto it = req.find(http::field::authorization); it != req.end()) {
+      const std::string value(it->value());
+      if (value.rfind("Bearer ", 0) == 0) presented = value.substr(7);
+    }
+    const bool authenticated = !token.empty() && equal_secret(presented, token);
+    if (req.method() != http::verb::get) {
+      text(http::status::method_not_allowed, "only GET\n");
+    } else if (open_bind && !authenticated) {
+      text(http::status::unauthorized,
+           "send Authorization: Bearer TOKEN (the head's --http-token / XLOCO_HTTP_TOKEN)\n");
+      res.set(http::field::www_authenticate, "Bearer");
     } else if (target == "/status" || target == "/") {
+      HeadStatus snapshot;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        snapshot = status;
+      }
+      if (!authenticated) {
+        for (auto& p : snapshot.providers) p.address.clear();  // addresses for the token's holders
+      }
       res.result(http::status::ok);
       res.set(http::field::content_type, "application/json");
       res.body() = json(snapshot).dump(2) + "\n";
     } else if (target == "/metrics") {
+      HeadStatus snapshot;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        snapshot = status;
+      }
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = prometheus_text(snapshot);
     } else {
-      res.result(http::status::not_found);
-      res.set(http::field::content_type, "text/plain");
-      res.body() = "not found: try /status or /metrics\n";
+      text(http::status::not_found, "not found: try /status or /metrics\n");
     }
     res.prepare_payload();
-    http::write(socket, res, ec);
-    socket.shutdown(tcp::socket::shutdown_both, ec);
+    return res;
   }
+
+  struct Session : std::enable_shared_from_this<Session> {
+    Impl& server;
+    beast::tcp_stream stream;
+    beast::flat_buffer buffer;
+    http::request_parser<http::empty_body> parser;
+    http::response<http::string_body> res;
+
+    Session(Impl& s, tcp::socket socket) : server(s), stream(std::move(socket)) {
+      ++server.connections;
+    }
+    ~Session() { --server.connections; }
+
+    void start() {
+      parser.header_limit(16 * 1024);
+      stream.expires_after(kDeadline);  // the whole exchange, read and write
+      http::async_read(stream, buffer, parser,
+                       [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                         if (ec) return self->close();
+                         self->res = self->server.respond(self->parser.get());
+                         http::async_write(self->stream, self->res,
+                                           [self](beast::error_code, std::size_t) { self->close(); });
+                       });
+    }
+    void close() {
+      beast::error_code ec;
+      stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+      stream.close();
+    }
+  };
 };
 
-StatusServer::StatusServer(const std::string& bind) : impl_(std::make_unique<Impl>()) {
+StatusServer::StatusServer(const std::string& bind, const std::string& token)
+    : impl_(std::make_unique<Impl>()) {
   const auto [host, port] = split_host_port(bind, "--http");
+  impl_->open_bind = !is_loopback_host(host);
+  impl_->token = token;
+  XLOCO_ENFORCE(!impl_->open_bind || !token.empty(), common::ConfigError,
+                "--http {} serves beyond this machine: set a bearer token with --http-token or "
+                "XLOCO_HTTP_TOKEN (clients send `Authorization: Bearer TOKEN`; xloco status "
+                "takes the same option), or bind 127.0.0.1",
+                bind);
+  XLOCO_ENFORCE(token.empty() || token.size() >= 16, common::ConfigError,
+                "--http-token: {} characters is too short to guess-proof; use 16 or more (e.g. "
+                "`openssl rand -hex 16`)",
+                token.size());
   try {
     tcp::resolver resolver(impl_->ioc);
     const auto endpoint = *resolver.resolve(host, port, tcp::resolver::passive).begin();
@@ -134,18 +211,19 @@ StatusServer::StatusServer(const std::string& bind) : impl_(std::make_unique<Imp
 }
 
 StatusServer::~StatusServer() {
-  asio::post(impl_->ioc, [this] {
-    beast::error_code ec;
-    impl_->acceptor.close(ec);
-  });
-  impl_->ioc.stop();
+  impl_->ioc.stop();  // no handler runs after this; open connections close with the context
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-std::unique_ptr<StatusServer> StatusServer::start(const std::string& bind, const std::string& run_dir) {
-  auto server = std::make_unique<StatusServer>(bind);
+std::unique_ptr<StatusServer> StatusServer::start(const std::string& bind, const std::string& run_dir,
+                                                  const std::string& token) {
+  auto server = std::make_unique<StatusServer>(bind, token);
   const std::string url = server->url();
-  common::write_file_atomic(run_dir + "/status.url", url + "\n");
+  try {
+    common::write_file_atomic(run_dir + "/status.url", url + "\n");
+  } catch (const common::Error& e) {
+    spdlog::warn("status: {} (xloco status --run will not find the URL)", e.what());
+  }
   spdlog::info("status: {}/status and {}/metrics (xloco status --head {})", url, url, url);
   return server;
 }
@@ -186,6 +264,21 @@ std::string prometheus_text(const HeadStatus& s) {
   metric("xloco_late_contributions_total", "counter",
          "Contributions dropped because their round had closed.");
   sample("xloco_late_contributions_total", static_cast<double>(s.late_contributions));
+  metric("xloco_refused_total", "counter",
+         "Messages the head refused, by reason (its wire code: bad_tokens, bad_frame, outlier, ...).");
+  for (const auto& [code, n] : s.refused) {
+    out += fmt::format("xloco_refused_total{{run=\"{}\",code=\"{}\"}} {}\n", escape_label(s.run),
+                       escape_label(code), n);
+  }
+  metric("xloco_discarded_rounds_total", "counter",
+         "Rounds whose outer step would have made theta non-finite (not applied).");
+  sample("xloco_discarded_rounds_total", static_cast<double>(s.discarded_rounds));
+  metric("xloco_checkpoint_failures_total", "counter", "Head checkpoints that could not be written.");
+  sample("xloco_checkpoint_failures_total", static_cast<double>(s.checkpoint_failures));
+  metric("xloco_write_failures_total", "counter", "Metrics lines that could not be written (retried).");
+  sample("xloco_write_failures_total", static_cast<double>(s.write_failures));
+  metric("xloco_last_checkpoint_round", "gauge", "Round of the newest checkpoint this head wrote.");
+  sample("xloco_last_checkpoint_round", static_cast<double>(s.last_checkpoint));
   metric("xloco_providers", "gauge", "Providers known to the head, by state.");
   for (const char* state : {"joining", "active", "straggling", "dead", "left"}) {
     const auto n = std::count_if(s.providers.begin(), s.providers.end(),
@@ -212,7 +305,8 @@ std::string prometheus_text(const HeadStatus& s) {
   return out;
 }
 
-std::string http_get(const std::string& base, const std::string& path, double timeout_s) {
+std::string http_get(const std::string& base, const std::string& path, double timeout_s,
+                     const std::string& token) {
   std::string rest = base;
   rest.erase(0, rest.find_first_not_of(" \t\r\n"));
   rest.erase(rest.find_last_not_of(" \t\r\n/") + 1);
@@ -230,6 +324,7 @@ std::string http_get(const std::string& base, const std::string& path, double ti
     http::request<http::empty_body> req{http::verb::get, path, 11};
     req.set(http::field::host, host);
     req.set(http::field::user_agent, "xloco status");
+    if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
     http::write(socket, req);
     beast::flat_buffer buffer;
     http::response_parser<http::string_body> parser;
@@ -252,6 +347,14 @@ std::string status_table(const HeadStatus& s) {
                                 s.reason.empty() ? "" : " (" + s.reason + ")",
                                 s.eval_loss ? fmt::format("{:.4f}", *s.eval_loss) : "-",
                                 common::human_bytes(s.bytes_up), common::human_bytes(s.bytes_down));
+  std::string trouble;
+  for (const auto& [code, n] : s.refused) trouble += fmt::format("{}{} {}", trouble.empty() ? "" : ", ", n, code);
+  if (!trouble.empty()) out += "refused: " + trouble + "\n";
+  if (s.discarded_rounds > 0) out += fmt::format("discarded rounds (non-finite outer step): {}\n", s.discarded_rounds);
+  if (s.checkpoint_failures > 0 || s.write_failures > 0) {
+    out += fmt::format("failed writes: {} checkpoints, {} metrics lines; last checkpoint round {}; {}\n",
+                       s.checkpoint_failures, s.write_failures, s.last_checkpoint, s.last_error);
+  }
   out += fmt::format("{:<20} {:<15} {:<11} {:>6} {:>11} {:>11} {:>11} {:>9}  {}\n", "PROVIDER",
                      "ADDRESS", "STATE", "ROUND", "TOKENS/S", "BYTES UP", "BYTES DOWN", "SEEN",
                      "REASON");

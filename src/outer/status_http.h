@@ -1,6 +1,9 @@
 // The head's status endpoint (design §8): GET /status (JSON) and GET /metrics (Prometheus text
-// format 0.0.4) over Boost.Beast, served from its own thread so a slow or hostile client never
-// touches the round loop; the head publishes a snapshot after each change. Also the small
+// format 0.0.4) over asynchronous Boost.Beast on its own thread, so a slow or hostile client
+// never touches the round loop: each connection has a 5 s deadline, 64 are served at once, and
+// the server stops at once with clients connected. It binds 127.0.0.1 unless told otherwise;
+// beyond loopback every request needs the bearer token, and provider addresses are shown only
+// to callers that present it. The head publishes a snapshot after each change. Also the small
 // HTTP GET that `xloco status` uses.
 #pragma once
 
@@ -13,16 +16,18 @@ namespace xloco::outer {
 
 class StatusServer {
  public:
-  // Binds "HOST:PORT" (PORT 0 = a free one) and starts serving; throws common::ConfigError
-  // naming the address when it cannot.
-  explicit StatusServer(const std::string& bind);
+  // Binds "HOST:PORT" (PORT 0 = a free one; no HOST = 127.0.0.1) and starts serving; throws
+  // common::ConfigError naming the address when it cannot, or when HOST is not loopback and
+  // `token` (--http-token) is empty.
+  explicit StatusServer(const std::string& bind, const std::string& token = "");
   ~StatusServer();  // stops the thread; open connections are dropped
   StatusServer(const StatusServer&) = delete;
   StatusServer& operator=(const StatusServer&) = delete;
 
   // Starts one on `bind` and writes its URL to RUN_DIR/status.url, where `xloco status --run`
   // finds it.
-  static std::unique_ptr<StatusServer> start(const std::string& bind, const std::string& run_dir);
+  static std::unique_ptr<StatusServer> start(const std::string& bind, const std::string& run_dir,
+                                             const std::string& token = "");
 
   void publish(HeadStatus status);
   std::string url() const;  // http://HOST:PORT
@@ -38,7 +43,12 @@ std::string prometheus_text(const HeadStatus& status);
 
 // GET `path` from `base` (http://HOST:PORT); returns the body of a 200 reply and throws
 // common::Error naming the URL and the reason otherwise.
-std::string http_get(const std::string& base, const std::string& path, double timeout_s = 5);
+// `token`, when set, goes as `Authorization: Bearer TOKEN`.
+std::string http_get(const std::string& base, const std::string& path, double timeout_s = 5,
+                     const std::string& token = "");
+
+// 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_host(const std::string& host);
 
 // The `xloco status` table: one line per provider (state, last round, tokens/s, bytes, last
 // seen) under a line about the run.

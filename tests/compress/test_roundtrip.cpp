@@ -196,6 +196,31 @@ TEST_SUITE("roundtrip") {
     }
   }
 
+  TEST_CASE("norm is the L2 norm of the decoded values, without decoding them, and checks the frame as decode does") {
+    TensorSet big;  // over 8 MiB of payload in fp32: the streamed path
+    std::vector<float> v(3u << 20);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 97) * 1e-3f;
+    big.add("big", {static_cast<int64_t>(v.size())}, v);
+    const TensorSet small = model_like(7);
+    for (const TensorSet* in : std::initializer_list<const TensorSet*>{&small, &big}) {
+      for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+        CAPTURE(to_string(codec));
+        const auto frame = Encoder(config_for(codec)).encode(in->inputs());
+        TensorSet out = in->like(0.0f);
+        Decoder dec;
+        dec.decode(frame, out.targets());
+        double sum = 0;
+        for (const auto& t : out.data) {
+          for (const float x : t) sum += static_cast<double>(x) * x;
+        }
+        CHECK(dec.norm(frame.data(), frame.size()) == doctest::Approx(std::sqrt(sum)).epsilon(1e-9));
+        auto bad = frame;
+        bad.pop_back();  // truncated: refused as decode() refuses it
+        CHECK_THROWS_AS(dec.norm(bad.data(), bad.size()), FrameError);
+      }
+    }
+  }
+
   TEST_CASE("dequantization matches the scalar formula bit for bit") {
     // The vectorized loops must compute exactly float(q) * scale (and out + that), with no
     // contraction, or replicas on different machines would drift apart.

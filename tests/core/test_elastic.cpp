@@ -3,7 +3,10 @@
 // pure decisions with an injected clock. Each TEST_CASE is one failure a rented GPU brings.
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -239,6 +242,49 @@ TEST_SUITE("elastic_rules") {
     test::ScratchDir dir("prom");
     std::ofstream(dir.path / "m.txt") << text;
     CHECK(std::system(("promtool check metrics < " + (dir.path / "m.txt").string()).c_str()) == 0);
+  }
+
+  TEST_CASE("status server: idle clients hold neither /status nor the server's end; beyond loopback it needs the token; addresses only for its holders") {
+    using Clock = std::chrono::steady_clock;
+    outer::HeadStatus s;
+    s.run = "r";
+    s.providers.resize(1);
+    s.providers[0].name = "p0";
+    s.providers[0].address = "10.1.2.3";
+    const std::string token = "0123456789abcdef0123";
+    auto server = std::make_unique<outer::StatusServer>("127.0.0.1:0", token);
+    server->publish(s);
+    const std::string url = server->url();
+    const auto port = url.substr(url.rfind(':') + 1);
+    // Ten idle TCP clients: connected, never sending a byte.
+    std::vector<int> idle;
+    for (int i = 0; i < 10; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(std::stoi(port)));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      idle.push_back(fd);
+    }
+    const auto t0 = Clock::now();
+    const auto anonymous = nlohmann::json::parse(outer::http_get(url, "/status", 5));
+    CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 1.0);
+    CHECK(anonymous["providers"][0]["address"] == "");  // no token, no addresses
+    const auto holder = nlohmann::json::parse(outer::http_get(url, "/status", 5, token));
+    CHECK(holder["providers"][0]["address"] == "10.1.2.3");
+    CHECK(nlohmann::json::parse(outer::http_get(url, "/status", 5, "wrong-token-0123456789"))["providers"][0]["address"] == "");
+    const auto t1 = Clock::now();
+    server.reset();  // with the idle clients still connected
+    CHECK(std::chrono::duration<double>(Clock::now() - t1).count() < 1.0);
+    for (const int fd : idle) ::close(fd);
+    // Beyond loopback: a token is required, and every request must carry it.
+    CHECK_THROWS_AS(outer::StatusServer("0.0.0.0:0"), common::ConfigError);
+    CHECK_THROWS_AS(outer::StatusServer("0.0.0.0:0", "short"), common::ConfigError);
+    outer::StatusServer open("0.0.0.0:0", token);
+    open.publish(s);
+    CHECK_THROWS_WITH(outer::http_get(open.url(), "/status", 5), doctest::Contains("HTTP 401"));
+    CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/status", 5, token))["providers"][0]["address"] == "10.1.2.3");
   }
 }
 

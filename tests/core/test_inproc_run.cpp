@@ -3,11 +3,17 @@
 // injection aimed at them: a provider cut at a round, a contribution delayed past the
 // deadline, a duplicated message, the head restarted from its checkpoint. Assertions are on the
 // head's verdicts (HeadObserver), its round records and θ_pub hashes, never on log text.
+#include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -16,7 +22,13 @@
 #include "inner/dist.h"
 #include "inner/runtime.h"
 #include "net/inproc/transport.h"
+#include "common/checkpoint.h"
+#include "common/layout.h"
+#include "compress/decoder.h"
+#include "compress/encoder.h"
+#include "compress/torch_adapter.h"
 #include "outer/documents.h"
+#include "outer/status_http.h"
 #include "outer/head.h"
 #include "outer/provider.h"
 
@@ -100,12 +112,17 @@ struct ThreadedRun {
     for (auto& t : threads) t.join();
   }
 
-  fs::path run_dir() const { return dir.path / cfg.run.name; }
+  fs::path run_dir() const { return fs::path(cfg.run.dir) / cfg.run.name; }
+  fs::path providers_root;  // where providers keep their files; default RUN_DIR/providers
+  fs::path provider_dir(const std::string& name) const {
+    return (providers_root.empty() ? run_dir() / "providers" : providers_root) / name;
+  }
 
-  std::unique_ptr<outer::Head> head(bool resume = false) {
+  std::unique_ptr<outer::Head> head(bool resume = false, bool http = false) {
     outer::HeadOptions o;
     o.run_dir = run_dir().string();
     o.resume = resume;
+    if (http) o.http = "127.0.0.1:0";
     o.observer.admission = [this](const std::string& p, const outer::Admission& a) {
       std::lock_guard<std::mutex> lock(verdicts.mu);
       verdicts.admissions.emplace_back(p, a);
@@ -132,7 +149,7 @@ struct ThreadedRun {
     threads.emplace_back([this, name, shard] {
       try {
         inner::Group solo{inner::DistOptions{}};
-        outer::ProviderOptions po{name, (run_dir() / "providers" / name).string(), shard};
+        outer::ProviderOptions po{name, provider_dir(name).string(), shard};
         outer::run_provider(cfg, po, solo, network->connect(name));
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
@@ -171,7 +188,7 @@ struct ThreadedRun {
   }
 
   std::string provider_hash(const std::string& name) const {
-    for (const auto& r : test::jsonl(run_dir() / "providers" / name / "metrics" / ("provider-" + name + ".jsonl"))) {
+    for (const auto& r : test::jsonl(provider_dir(name) / "metrics" / ("provider-" + name + ".jsonl"))) {
       if (r.contains("final")) return r["theta_pub_hash"];
     }
     return "";
@@ -179,6 +196,36 @@ struct ThreadedRun {
 };
 
 bool contributed(const outer::RoundRecord& r, const std::string& who) { return r.frames.count(who) > 0; }
+
+// What a compromised provider does to its CONTRIBUTION on the way out: `attack` gets the
+// message and the values its frame carries (decoded), and rewrites either.
+using Attack = std::function<void(net::Contribution&, const common::FlatLayout&, torch::Tensor&)>;
+net::inproc::Faults::Rewrite rogue(const std::string& run, Attack attack) {
+  return [run, attack](const net::Message& m) {
+    auto env = net::decode(m, run);
+    auto* c = std::get_if<net::Contribution>(&env.body);
+    if (c == nullptr) return m;
+    compress::Decoder dec;
+    const auto info = dec.inspect(c->payload.data(), c->payload.size());
+    common::FlatLayout layout;
+    for (const auto& t : info.tensors) layout.append(t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()));
+    auto values = torch::empty({layout.numel});
+    dec.decode(c->payload.data(), c->payload.size(), compress::refs(layout, values));
+    attack(*c, layout, values);
+    return net::encode(env);
+  };
+}
+
+net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& values, compress::Codec codec) {
+  compress::CodecConfig cc;
+  cc.codec = codec;
+  cc.block_size = 256;
+  cc.error_feedback = false;
+  compress::Encoder enc(cc);
+  std::vector<uint8_t> out;
+  compress::encode(enc, layout, values, out);
+  return net::Frame(std::move(out));
+}
 
 }  // namespace
 
@@ -364,5 +411,142 @@ TEST_SUITE("inproc_run") {
     const auto b = run_once("thr-order-b", {2, 1, 0}, "p0");
     CHECK(a.first == b.first);
     CHECK(a.second == b.second);
+  }
+
+  TEST_CASE("a hostile provider cannot move theta: its tokens, codec, norm and overflowing values are each refused by name, every round closes with the others, and theta_pub is bit for bit the run without it") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    struct Outcome {
+      std::string hash;
+      double loss = 0;
+      std::vector<outer::RoundRecord> rounds;
+      outer::RunSummary summary;
+      std::string metrics, table;
+    };
+    const auto run_once = [](const std::string& tag, const Attack& attack) {
+      ThreadedRun run(tag, 4);
+      run.cfg.outer.min_providers = 3;
+      run.cfg.outer.start_grace_s = 2;  // the run without the rogue starts with three
+      auto head = run.head(false, /*http=*/true);
+      if (attack) run.network->faults().tamper("p3", rogue(run.cfg.run.name, attack));
+      for (int i = 0; i < (attack ? 4 : 3); ++i) run.provider("p" + std::to_string(i), i);
+      CHECK(run.run_head(*head) == 0);  // the head stayed up to the end
+      Outcome o;
+      std::string url;
+      std::ifstream(run.run_dir() / "status.url") >> url;
+      o.metrics = outer::http_get(url, "/metrics");
+      o.table = outer::status_table(nlohmann::json::parse(outer::http_get(url, "/status")).get<outer::HeadStatus>());
+      run.join();
+      o.hash = head->summary().theta_pub_hash;
+      o.loss = head->summary().final_eval_loss;
+      o.summary = head->summary();
+      std::lock_guard<std::mutex> lock(run.verdicts.mu);
+      o.rounds = run.verdicts.rounds;
+      return o;
+    };
+    const Outcome honest = run_once("thr-honest", nullptr);
+    REQUIRE(honest.rounds.size() == 6);
+    struct Case {
+      const char* name;
+      const char* code;
+      const char* says;
+      Attack attack;
+    };
+    const std::vector<Case> cases = {
+        {"tokens = 2^64 - 1", "bad_tokens", "the round's schedule allows",
+         [](net::Contribution& c, const common::FlatLayout&, torch::Tensor&) { c.tokens = UINT64_MAX; }},
+        {"an fp32 frame of 1e30 in an int8 run", "bad_frame", "its codec is fp32",
+         [](net::Contribution& c, const common::FlatLayout& l, torch::Tensor& v) {
+           c.payload = frame_as(l, torch::full_like(v, 1e30f), compress::Codec::kFp32);
+         }},
+        {"its own values x 1000", "outlier", "the median",
+         [](net::Contribution& c, const common::FlatLayout& l, torch::Tensor& v) {
+           c.payload = frame_as(l, v * 1000, compress::Codec::kInt8);
+         }},
+        {"values at the edge of fp32 (theta would overflow)", "outlier", "the median",
+         [](net::Contribution& c, const common::FlatLayout& l, torch::Tensor& v) {
+           c.payload = frame_as(l, torch::full_like(v, 1.6e38f), compress::Codec::kInt8);
+         }},
+    };
+    for (const auto& k : cases) {
+      CAPTURE(k.name);
+      const Outcome o = run_once(std::string("thr-rogue-") + k.code, k.attack);
+      REQUIRE(o.rounds.size() == 6);
+      size_t refused = 0;
+      for (const auto& r : o.rounds) {
+        CHECK(r.participants == 3);  // every honest round closed with the honest three
+        CHECK(!contributed(r, "p3"));
+        CHECK(r.discarded.empty());
+        if (r.refused.count("p3")) {
+          ++refused;
+          CHECK(r.refused.at("p3").find(k.says) != std::string::npos);
+        }
+      }
+      CHECK(refused >= 4);  // from its first round on (it may join in round 2)
+      CHECK(o.summary.refused.count(k.code) == 1);
+      CHECK(o.summary.refused.at(k.code) >= refused);
+      CHECK(o.metrics.find(fmt::format("xloco_refused_total{{run=\"threads\",code=\"{}\"}}", k.code)) != std::string::npos);
+      CHECK(o.table.find(std::string(" ") + k.code) != std::string::npos);
+      CHECK(o.hash == honest.hash);  // nothing of the rogue reached theta
+      CHECK(o.loss == honest.loss);
+    }
+  }
+
+  TEST_CASE("the head's disk fills up mid-run: it keeps training, reports the failed checkpoints, writes them again once space returns, and a restart resumes from the last complete one") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    test::ScratchDir mount_point("tmpfs");
+    const std::string mp = mount_point.str();
+    if (::geteuid() != 0 || std::system(("mount -t tmpfs -o size=3m xloco-test " + mp + " 2>/dev/null").c_str()) != 0) {
+      MESSAGE("skipped: mounting a tmpfs needs root (CAP_SYS_ADMIN)");
+      return;
+    }
+    struct Unmount {
+      std::string at;
+      ~Unmount() { (void)std::system(("umount -l " + at).c_str()); }
+    } unmount{mp};
+    ThreadedRun run("thr-disk", 2);
+    run.cfg.run.dir = mp;  // the head's run directory on the small tmpfs
+    run.providers_root = run.dir.path / "providers";
+    run.cfg.inner.steps = 50;  // 10 rounds
+    run.cfg.outer.checkpoint_every = 1;
+    run.cfg.outer.keep_checkpoints = 2;
+    const fs::path filler = fs::path(mp) / "filler";
+    run.on_round = [&](const outer::RoundRecord& r) {
+      if (r.round == 3) {  // fill the disk to the last byte
+        std::FILE* f = std::fopen(filler.c_str(), "w");
+        std::vector<char> block(64 << 10, 'x');
+        while (f && std::fwrite(block.data(), 1, block.size(), f) == block.size()) {
+        }
+        if (f) std::fclose(f);
+      }
+      if (r.round == 6) fs::remove(filler);  // space returns
+    };
+    auto head = run.head();
+    for (int i = 0; i < 2; ++i) run.provider("p" + std::to_string(i), i);
+    CHECK(run.run_head(*head) == 0);  // every round, full disk or not
+    run.join();
+    CHECK(run.provider_errors.empty());
+    const auto summary = head->summary();
+    CHECK(summary.rounds == 10);
+    CHECK(summary.checkpoint_failures >= 1);
+    head.reset();
+    const fs::path ckpt = run.run_dir() / "ckpt";
+    for (const auto& e : fs::directory_iterator(ckpt)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+    // head.jsonl lost nothing: the lines that could not be written waited for space
+    const auto records = outer::read_round_records((run.run_dir() / "metrics/head.jsonl").string());
+    REQUIRE(records.size() == 10);
+    for (size_t i = 0; i < records.size(); ++i) CHECK(records[i].round == i + 1);
+    // A crash mid-checkpoint leaves a temp directory; a restart removes it and resumes from
+    // the newest complete checkpoint (the end of the run).
+    fs::create_directories(ckpt / ".tmp-round-000011-99999");
+    run.on_round = nullptr;
+    auto again = run.head(/*resume=*/true);
+    CHECK(!fs::exists(ckpt / ".tmp-round-000011-99999"));
+    CHECK(common::latest_checkpoint(ckpt.string()) == (ckpt / "round-000010").string());
   }
 }

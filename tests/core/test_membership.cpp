@@ -5,12 +5,15 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
 #include "outer/aggregate.h"
 #include "outer/leader_rules.h"
 #include "outer/membership.h"
+#include "outer/outer_opt.h"
+#include "common/log_limit.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 #include <doctest/doctest.h>
@@ -175,7 +178,7 @@ TEST_SUITE("membership") {
     const Members m = {{"dead", live(0, 0, MemberState::kDead)}};
     const auto open = round_of(8, {"dead"});
     for (const char* who : {"stranger", "dead"}) {
-      const auto v = judge_contribution(who, 8, 100, m, &open, 7, std::nullopt);
+      const auto v = judge_contribution(who, 8, 100, 1000, m, &open, 7, std::nullopt);
       CHECK(v.action == ContributionAction::kRefuse);
       CHECK(v.code == RefusalCode::kRejoin);
     }
@@ -184,21 +187,21 @@ TEST_SUITE("membership") {
   TEST_CASE("contribution: a round that has not started, or round 0, is refused as future") {
     const Members m = {{"p0", live(0, 0)}};
     const auto open = round_of(8, {"p0"});
-    CHECK(judge_contribution("p0", 9, 100, m, &open, 7, std::nullopt).code == RefusalCode::kFutureRound);
-    CHECK(judge_contribution("p0", 0, 100, m, &open, 7, std::nullopt).code == RefusalCode::kFutureRound);
+    CHECK(judge_contribution("p0", 9, 100, 1000, m, &open, 7, std::nullopt).code == RefusalCode::kFutureRound);
+    CHECK(judge_contribution("p0", 0, 100, 1000, m, &open, 7, std::nullopt).code == RefusalCode::kFutureRound);
     // Between rounds the next one (done + 1) is not future: it is late for nothing, but not refused.
-    CHECK(judge_contribution("p0", 9, 100, m, nullptr, 7, std::nullopt).code == RefusalCode::kFutureRound);
-    CHECK(judge_contribution("p0", 8, 100, m, nullptr, 7, std::nullopt).action == ContributionAction::kDrop);
+    CHECK(judge_contribution("p0", 9, 100, 1000, m, nullptr, 7, std::nullopt).code == RefusalCode::kFutureRound);
+    CHECK(judge_contribution("p0", 8, 100, 1000, m, nullptr, 7, std::nullopt).action == ContributionAction::kDrop);
   }
 
   TEST_CASE("contribution: a closed round's, or a second one, is dropped and counted late") {
     const Members m = {{"p0", live(0, 0)}};
     auto open = round_of(8, {"p0"});
-    auto v = judge_contribution("p0", 7, 100, m, &open, 7, std::nullopt);
+    auto v = judge_contribution("p0", 7, 100, 1000, m, &open, 7, std::nullopt);
     CHECK(v.action == ContributionAction::kDrop);
     CHECK(v.late);
     open.contributed["p0"] = 100;
-    v = judge_contribution("p0", 8, 100, m, &open, 7, std::nullopt);
+    v = judge_contribution("p0", 8, 100, 1000, m, &open, 7, std::nullopt);
     CHECK(v.action == ContributionAction::kDrop);
     CHECK(v.late);
     CHECK(v.reason.find("duplicate") != std::string::npos);
@@ -207,7 +210,7 @@ TEST_SUITE("membership") {
   TEST_CASE("contribution: from a provider that joined after the round started, dropped, not late") {
     const Members m = {{"p0", live(0, 0)}, {"new", live(1, 0, MemberState::kJoining)}};
     const auto open = round_of(8, {"p0"});
-    const auto v = judge_contribution("new", 8, 100, m, &open, 7, std::nullopt);
+    const auto v = judge_contribution("new", 8, 100, 1000, m, &open, 7, std::nullopt);
     CHECK(v.action == ContributionAction::kDrop);
     CHECK(!v.late);
   }
@@ -215,12 +218,12 @@ TEST_SUITE("membership") {
   TEST_CASE("contribution: zero tokens, or a frame that does not fit the model, refused by code") {
     const Members m = {{"p0", live(0, 0)}};
     const auto open = round_of(8, {"p0"});
-    CHECK(judge_contribution("p0", 8, 0, m, &open, 7, std::nullopt).code == RefusalCode::kBadTokens);
-    const auto v = judge_contribution("p0", 8, 100, m, &open, 7, std::string("tensor 0 is x [3]"));
+    CHECK(judge_contribution("p0", 8, 0, 1000, m, &open, 7, std::nullopt).code == RefusalCode::kBadTokens);
+    const auto v = judge_contribution("p0", 8, 100, 1000, m, &open, 7, std::string("tensor 0 is x [3]"));
     CHECK(v.action == ContributionAction::kRefuse);
     CHECK(v.code == RefusalCode::kBadFrame);
     CHECK(v.reason.find("tensor 0 is x [3]") != std::string::npos);
-    CHECK(judge_contribution("p0", 8, 100, m, &open, 7, std::nullopt).action == ContributionAction::kAccept);
+    CHECK(judge_contribution("p0", 8, 100, 1000, m, &open, 7, std::nullopt).action == ContributionAction::kAccept);
   }
 
   TEST_CASE("frame_mismatch names the first tensor whose name or shape differs") {
@@ -396,5 +399,127 @@ TEST_SUITE("membership") {
     CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kBadFrame, "bad"}}).action == LeaderAction::kReport);
     s.rejoining = true;
     CHECK(on_head_message(s, {"r", 7, net::ErrorReply{RefusalCode::kRejoin, "who?"}}).action == LeaderAction::kRepeatHello);
+  }
+}
+
+// ------------------------------------------------------------------ hostile contributions
+
+namespace {
+
+net::Frame encoded(const common::FlatLayout& layout, const torch::Tensor& values,
+                   compress::Codec codec, uint32_t block = 256) {
+  compress::CodecConfig cc;
+  cc.codec = codec;
+  cc.block_size = block;
+  cc.error_feedback = false;
+  compress::Encoder enc(cc);
+  std::vector<uint8_t> frame;
+  compress::encode(enc, layout, values, frame);
+  return net::Frame(std::move(frame));
+}
+
+}  // namespace
+
+TEST_SUITE("membership") {
+  TEST_CASE("contribution: more tokens than the round's schedule allows is refused, naming both") {
+    const Members m = {{"p0", live(0, 0)}};
+    const auto open = round_of(8, {"p0"});
+    const auto v = judge_contribution("p0", 8, UINT64_MAX, 6400, m, &open, 7, std::nullopt);
+    CHECK(v.action == ContributionAction::kRefuse);
+    CHECK(v.code == RefusalCode::kBadTokens);
+    CHECK(v.reason.find("allows 6400") != std::string::npos);
+    CHECK(judge_contribution("p0", 8, 6400, 6400, m, &open, 7, std::nullopt).action == ContributionAction::kAccept);
+  }
+
+  TEST_CASE("round_token_allowance: steps of the round × batch × sequence; the last round is short") {
+    common::Config c;
+    c.model.kind = common::ModelKind::kGpt;
+    c.model.seq_len = 128;
+    c.inner.batch_size = 8;
+    c.inner.steps = 120;
+    c.outer.inner_steps = 50;
+    CHECK(round_token_allowance(c, 1) == 50u * 8 * 128);
+    CHECK(round_token_allowance(c, 3) == 20u * 8 * 128);  // steps 100..119
+    CHECK(round_token_allowance(c, 4) == 0u);
+    c.model.kind = common::ModelKind::kCnn;
+    CHECK(round_token_allowance(c, 1) == 50u * 8);
+  }
+
+  TEST_CASE("frame_problem: a codec or block size other than the run's is named; the run's passes") {
+    common::FlatLayout layout;
+    layout.append("w", {600});
+    const auto values = torch::full({600}, 1e30f);
+    common::OuterConfig run;  // int8, block 256
+    const auto fp32 = frame_problem(encoded(layout, values, compress::Codec::kFp32), layout, run);
+    REQUIRE(fp32);
+    CHECK(fp32->find("codec is fp32, the run's outer.codec_up is int8") != std::string::npos);
+    const auto block = frame_problem(encoded(layout, values * 1e-30, compress::Codec::kInt8, 64), layout, run);
+    REQUIRE(block);
+    CHECK(block->find("block size is 64") != std::string::npos);
+    CHECK(!frame_problem(encoded(layout, values * 1e-30, compress::Codec::kInt8), layout, run));
+    common::FlatLayout other;
+    other.append("v", {600});
+    CHECK(frame_problem(encoded(other, values * 1e-30, compress::Codec::kInt8), layout, run));
+  }
+
+  TEST_CASE("judge_norm: beyond bound × the median is refused; with no peer it waits, or passes at the end; bound 0 is off") {
+    CHECK(judge_norm(5, {1, 1, 100}, 10, false).action == NormAction::kAccept);   // median 1
+    const auto v = judge_norm(11, {1, 1, 100}, 10, false);
+    CHECK(v.action == NormAction::kRefuse);
+    CHECK(v.reason.find("11× the median 1") != std::string::npos);
+    CHECK(judge_norm(19, {1, 3}, 10, false).action == NormAction::kAccept);        // median 2
+    CHECK(judge_norm(21, {1, 3}, 10, false).action == NormAction::kRefuse);
+    CHECK(judge_norm(1e6, {}, 10, false).action == NormAction::kWait);
+    CHECK(judge_norm(1e6, {}, 10, true).action == NormAction::kAccept);
+    CHECK(judge_norm(1e6, {1}, 0, false).action == NormAction::kAccept);
+  }
+
+  TEST_CASE("aggregation: a contribution 1000× its peers' norm is refused as an outlier and Δ is the others'; the first one waits for a peer") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    Aggregator agg(layout, 10);
+    agg.begin({"a", "b", "c"});
+    const auto honest = torch::full({512}, 0.01f);
+    CHECK(agg.add("a", encoded(layout, honest * 1000, compress::Codec::kInt8), 100).empty());
+    CHECK(agg.added() == 0);  // nothing to compare the run's first contribution with yet
+    const auto rejected = agg.add("b", encoded(layout, honest, compress::Codec::kInt8), 100);
+    REQUIRE(rejected.size() == 1);
+    CHECK(rejected[0].peer == "a");
+    CHECK(rejected[0].code == RefusalCode::kOutlier);
+    CHECK(agg.add("c", encoded(layout, honest * 1.5, compress::Codec::kInt8), 100).empty());
+    CHECK(agg.finish().empty());
+    CHECK(agg.added() == 2);
+    CHECK(agg.delta()[0].item<float>() == doctest::Approx(0.0125).epsilon(0.01));
+    // The next round compares with this one's accepted norms: a lone outlier is refused at once.
+    agg.begin({"a"});
+    const auto next = agg.add("a", encoded(layout, honest * 1000, compress::Codec::kInt8), 100);
+    REQUIRE(next.size() == 1);
+    CHECK(next[0].code == RefusalCode::kOutlier);
+  }
+
+  TEST_CASE("outer step: one that would make theta or the momentum non-finite is found before it is taken") {
+    common::OuterConfig c;  // lr 0.7, Nesterov 0.9
+    OuterOptimizer opt(c, 4);
+    auto theta = torch::zeros({4});
+    auto delta = torch::tensor({0.1f, 0.2f, std::numeric_limits<float>::max(), 0.4f});
+    const auto at = opt.non_finite_at(theta, delta);  // 0.7 · 1.9 · FLT_MAX overflows
+    REQUIRE(at);
+    CHECK(*at == 2);
+    CHECK(!opt.non_finite_at(theta, torch::full({4}, 1e30f)));
+    CHECK(torch::equal(opt.momentum(), torch::zeros({4})));  // looked, did not touch
+  }
+
+  TEST_CASE("log limiter: a burst per key and window, then the next line counts what was held back") {
+    common::LogLimiter limit(2, 60);
+    const auto t0 = common::LogLimiter::Clock::time_point{} + std::chrono::hours(1);
+    CHECK(limit.check("a", t0).log);
+    CHECK(limit.check("a", t0).log);
+    CHECK(!limit.check("a", t0).log);
+    CHECK(!limit.check("a", t0 + std::chrono::seconds(30)).log);
+    CHECK(limit.check("b", t0).log);  // keys are counted apart
+    const auto v = limit.check("a", t0 + std::chrono::seconds(61));
+    CHECK(v.log);
+    CHECK(v.held_back == 2);
+    CHECK(common::LogLimiter::note(v) == " (2 similar lines held back)");
   }
 }

@@ -12,13 +12,17 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "common/config.h"
 #include "common/safetensors.h"
 #include "helpers.h"
 #include "inner/trainer.h"
+#include "compress/encoder.h"
+#include "compress/torch_adapter.h"
 #include "outer/documents.h"
+#include "outer/global_model.h"
 #include "outer/outer_opt.h"
 #include "outer/round.h"
 
@@ -120,6 +124,45 @@ TEST_SUITE("outer") {
       sgd.step();
     }
     CHECK(torch::allclose(theta, ref.detach(), 1e-6, 1e-6));
+  }
+
+  TEST_CASE("a round whose outer step would make theta non-finite is discarded: theta, the momentum and theta_pub stay as they were") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    common::Config c = test::tiny_gpt_config();
+    c.model.d_model = 32;
+    c.model.n_layer = 1;
+    c.model.n_head = 2;
+    c.model.seq_len = 32;
+    c.outer.codec_up = common::CodecKind::kFp32;  // finite values up to FLT_MAX pass the decoder
+    c.outer.norm_bound = 0;                       // the norm rule off: this guard alone
+    outer::GlobalModel model(c, "");
+    const std::string before = model.pub_hash();
+    const auto fp32_frame = [&](float value) {
+      compress::CodecConfig cc;
+      cc.codec = compress::Codec::kFp32;
+      cc.error_feedback = false;
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> out;
+      compress::encode(enc, model.layout(), torch::full({model.layout().numel}, value), out);
+      return net::Frame(std::move(out));
+    };
+    model.aggregator().begin({"rogue"});
+    CHECK(model.aggregator().add("rogue", fp32_frame(std::numeric_limits<float>::max()), 100).empty());
+    const auto closed = model.close_round();
+    REQUIRE(closed.discarded);
+    CHECK(closed.discarded->find("non-finite") != std::string::npos);
+    CHECK(closed.discarded->find("transformer.wte.weight[0]") != std::string::npos);
+    model.rehash();
+    CHECK(model.pub_hash() == before);  // θ_pub (and θ_true under it) unchanged
+    // The next, sound round steps as usual.
+    model.aggregator().begin({"p0"});
+    CHECK(model.aggregator().add("p0", fp32_frame(1e-3f), 100).empty());
+    CHECK(!model.close_round().discarded);
+    model.rehash();
+    CHECK(model.pub_hash() != before);
   }
 
   TEST_CASE("K=1, H=1, outer lr 1, momentum 0, fp32 both ways == xloco train (1e-6)") {

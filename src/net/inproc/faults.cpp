@@ -49,6 +49,11 @@ void Faults::heal(const PeerId& peer) {
   links_[peer].sent = sent;
 }
 
+void Faults::tamper(const PeerId& peer, Rewrite rewrite) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  links_[peer].rewrite = std::move(rewrite);
+}
+
 bool Faults::is_cut(const PeerId& peer) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = links_.find(peer);
@@ -77,13 +82,14 @@ Faults::Verdict Faults::on_message(const PeerId& peer, bool from_peer, const Mes
   if (link.cut || drops > 0) {
     if (!link.cut) --drops;
     ++lost_;
-    return {false, {}};
+    return {false, {}, 1, {}};
   }
   std::size_t& duplicates = from_peer ? link.duplicate_from : link.duplicate_to;
   const bool twice = duplicates > 0 && (!link.duplicate_type || peek_type(message) == link.duplicate_type);
   if (twice) --duplicates;
   const int copies = twice ? 2 : 1;
-  return {true, from_peer ? link.delay_from : link.delay_to, copies};
+  return {true, from_peer ? link.delay_from : link.delay_to, copies,
+          from_peer ? link.rewrite : Rewrite{}};
 }
 
 }  // namespace xloco::net::inproc

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,10 @@ class Faults {
   // (that message is lost): a provider dying during round `round`.
   void fail_at(const PeerId& peer, std::uint64_t round);
   void cut(const PeerId& peer);
+  // Rewrites every later message the provider sends through `rewrite` (a compromised or buggy
+  // provider: the message is what it returns).
+  using Rewrite = std::function<Message(const Message&)>;
+  void tamper(const PeerId& peer, Rewrite rewrite);
   // Undoes cut and fail_at*, and clears drops and delays.
   void heal(const PeerId& peer);
 
@@ -45,6 +50,7 @@ class Faults {
     bool deliver = true;
     std::chrono::milliseconds delay{0};
     int copies = 1;  // 2 for a duplicated message
+    Rewrite rewrite;  // applied to the message before delivery, when set
   };
   Verdict on_message(const PeerId& peer, bool from_peer, const Message& message);
 
@@ -61,6 +67,7 @@ class Faults {
     std::optional<std::uint64_t> fail_at_round;
     std::size_t sent = 0;  // messages the provider has sent
     bool cut = false;
+    Rewrite rewrite;
   };
 
   mutable std::mutex mutex_;

@@ -147,7 +147,8 @@ SendStatus Network::deliver(const PeerId& from, const PeerId& to, const Message&
   const Faults::Verdict verdict = faults_.on_message(provider, from_provider, message);
   if (!verdict.deliver) return SendStatus::kSent;  // lost in flight: the sender cannot know
   for (int copy = 0; copy < verdict.copies; ++copy) {
-    Mailbox::Item item{Clock::now() + verdict.delay, Received{from, message, {}}};
+    Mailbox::Item item{Clock::now() + verdict.delay,
+                       Received{from, verdict.rewrite ? verdict.rewrite(message) : message, {}}};
     const auto at = std::upper_bound(
         mailbox->items.begin(), mailbox->items.end(), item.deliver_at,
         [](Clock::time_point t, const Mailbox::Item& other) { return t < other.deliver_at; });

@@ -124,15 +124,19 @@ void Gatekeeper::answer_zap() {
   } else if (request[5].to_string_view() != "CURVE" || request.size() < 7) {
     status_text = "CURVE required";
     refused_.fetch_add(1);
-    logger_->warn("net: refused a {} client from {}: CURVE is required",
-                  request[5].to_string(), address);
+    if (const auto v = log_limit_.check("plain " + address); v.log) {
+      logger_->warn("net: refused a {} client from {}: CURVE is required{}",
+                    request[5].to_string(), address, common::LogLimiter::note(v));
+    }
   } else {
     const std::string key = z85_of(request[6]);
     if (const std::string* name = allow_->find(key); name && !take_handshake(*name)) {
       status_text = "too many connections";
       refused_.fetch_add(1);
-      logger_->warn("net: refused provider {} from {}: more than {} handshakes a minute", *name,
-                    address, handshakes_per_minute_);
+      if (const auto v = log_limit_.check("rate " + *name); v.log) {
+        logger_->warn("net: refused provider {} from {}: more than {} handshakes a minute{}",
+                      *name, address, handshakes_per_minute_, common::LogLimiter::note(v));
+      }
     } else if (name) {
       status = "200";
       status_text = "OK";
@@ -140,8 +144,11 @@ void Gatekeeper::answer_zap() {
       logger_->info("net: admitted provider {} (key {}) from {}", *name, key, address);
     } else {
       refused_.fetch_add(1);
-      logger_->warn("net: refused CURVE client from {}: public key {} is not on the allow-list",
-                    address, key);
+      if (const auto v = log_limit_.check("key " + address); v.log) {
+        logger_->warn("net: refused CURVE client from {}: public key {} is not on the "
+                      "allow-list{}",
+                      address, key, common::LogLimiter::note(v));
+      }
     }
   }
   std::vector<::zmq::message_t> reply;
@@ -179,14 +186,20 @@ void Gatekeeper::log_monitor_event() {
   const std::string endpoint = event[1].to_string();
   switch (id) {
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-      logger_->warn("net: handshake failed on {}: {}", endpoint, protocol_error_text(value));
+      if (const auto v = log_limit_.check("handshake " + endpoint); v.log) {
+        logger_->warn("net: handshake failed on {}: {}{}", endpoint, protocol_error_text(value),
+                      common::LogLimiter::note(v));
+      }
       break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-      logger_->warn("net: handshake failed on {}: {}{}", endpoint, std::strerror(int(value)),
-                    value == EPIPE || value == ECONNRESET
-                        ? " (the client hung up mid-handshake: plaintext, wrong server key, or "
-                          "not xloco)"
-                        : "");
+      if (const auto v = log_limit_.check("handshake " + endpoint); v.log) {
+        logger_->warn("net: handshake failed on {}: {}{}{}", endpoint, std::strerror(int(value)),
+                      value == EPIPE || value == ECONNRESET
+                          ? " (the client hung up mid-handshake: plaintext, wrong server key, or "
+                            "not xloco)"
+                          : "",
+                      common::LogLimiter::note(v));
+      }
       break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:  // the ZAP answer above already named the key
       logger_->debug("net: handshake on {} refused with ZAP status {}", endpoint, value);

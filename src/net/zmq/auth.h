@@ -15,6 +15,7 @@
 
 #include <zmq.hpp>
 
+#include "common/log_limit.h"
 #include "net/keys.h"
 
 namespace spdlog {
@@ -52,6 +53,7 @@ class Gatekeeper {
     std::chrono::steady_clock::time_point at{};
   };
   std::map<std::string, Bucket> buckets_;  // by allow-list name; the gatekeeper thread only
+  common::LogLimiter log_limit_;           // warnings a client can provoke, by address
   std::shared_ptr<spdlog::logger> logger_;
   ::zmq::socket_t zap_;
   ::zmq::socket_t monitor_;

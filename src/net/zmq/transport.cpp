@@ -126,7 +126,10 @@ std::optional<Message> Links::take(const PeerId& peer, std::vector<::zmq::messag
                                    std::size_t first, spdlog::logger& logger) {
   std::string error;
   auto message = incoming_[peer].take(parts, first, limits_.max_frame_bytes, error);
-  if (!error.empty()) logger.warn("net: dropped a message from {}: {}", peer, error);
+  if (error.empty()) return message;
+  if (const auto v = log_limit_.check(peer); v.log) {
+    logger.warn("net: dropped a message from {}: {}{}", peer, error, common::LogLimiter::note(v));
+  }
   return message;
 }
 

@@ -10,6 +10,7 @@
 
 #include <zmq.hpp>
 
+#include "common/log_limit.h"
 #include "net/transport.h"
 #include "net/zmq/auth.h"
 #include "net/zmq/options.h"
@@ -49,6 +50,7 @@ class Links {
 
  private:
   TransportLimits limits_;
+  common::LogLimiter log_limit_;  // dropped-message warnings, by peer
   Outbox outbox_;
   std::uint64_t next_stream_ = 1;
   std::unordered_map<PeerId, Reassembly> incoming_;

@@ -28,7 +28,7 @@ test("head: CPU profile, global TCP ports for ZeroMQ and HTTP status, env", () =
     assert.equal(ports[port].global, true, `port ${port} is global`);
     assert.equal(ports[port].proto, "TCP");
   }
-  for (const name of ["XLOCO_CONFIG", "XLOCO_SET", "XLOCO_BIND", "XLOCO_HTTP", "XLOCO_KEY", "XLOCO_ALLOW"]) {
+  for (const name of ["XLOCO_CONFIG", "XLOCO_SET", "XLOCO_BIND", "XLOCO_HTTP", "XLOCO_HTTP_TOKEN", "XLOCO_KEY", "XLOCO_ALLOW"]) {
     assert.ok(envNames(svc).includes(name), `env ${name}`);
   }
   assert.equal(envValue(svc, "XLOCO_BIND"), "tcp://0.0.0.0:7700");
