@@ -1,6 +1,8 @@
 #include "common/metrics.h"
 
+#include <fcntl.h>
 #include <sodium.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,29 +12,33 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/safetensors.h"
 
 namespace xloco::common {
 
 void JsonlWriter::open(const std::string& path) {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
   path_ = path;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  file_ = std::fopen(path.c_str(), "a");
-  XLOCO_ENFORCE(file_ != nullptr, IoError, "cannot open metrics file {}: {}", path,
-                std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  XLOCO_ENFORCE(fd_ >= 0, IoError, "cannot open metrics file {}: {}", path, std::strerror(errno));
 }
 
 JsonlWriter::~JsonlWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void JsonlWriter::write(const nlohmann::json& record) {
-  if (file_ == nullptr) return;
+  if (fd_ < 0) return;
   const std::string line = record.dump() + "\n";
-  XLOCO_ENFORCE(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
-                    std::fflush(file_) == 0,
-                IoError, "cannot write metrics to {}: {}", path_, std::strerror(errno));
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
+  try {
+    write_all(fd_, line.data(), line.size(), path_);
+  } catch (const IoError& e) {
+    if (end >= 0) (void)::ftruncate(fd_, end);  // no torn line for the next one to follow
+    throw IoError(fmt::format("cannot write metrics: {}", e.what()));
+  }
 }
 
 std::string human_rate(double v) {

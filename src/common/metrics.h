@@ -1,5 +1,6 @@
-// Metrics sink: one JSON object per line, flushed per line so that a crash loses at most the
-// line being written. Also the small formatting helpers the progress lines share.
+// Metrics sink: one JSON object per line, written through per line so that a crash loses at
+// most the line being written, and a line that fails (a full disk) is cut back off the file, so
+// that writing it again later leaves no torn line. Also the small formatting helpers the progress lines share.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +20,10 @@ class JsonlWriter {
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
   void write(const nlohmann::json& record);
-  bool is_open() const { return file_ != nullptr; }
+  bool is_open() const { return fd_ >= 0; }
 
  private:
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
   std::string path_;
 };
 

@@ -16,6 +16,8 @@ namespace {
 
 constexpr uint64_t kMaxHeader = 100u << 20;  // the reference implementation's limit
 
+}  // namespace
+
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -26,8 +28,6 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     n -= static_cast<size_t>(w);
   }
 }
-
-}  // namespace
 
 const TensorBlob* SafetensorsFile::find(const std::string& name) const {
   for (const auto& t : tensors) {

@@ -42,5 +42,7 @@ SafetensorsFile read_safetensors(const std::string& path);
 // Writes `bytes` to `path` via a temp file in the same directory, fsync and rename.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 void fsync_dir(const std::string& dir);
+// Writes all `n` bytes to `fd` (retrying short writes); throws IoError naming `path`.
+void write_all(int fd, const void* data, size_t n, const std::string& path);
 
 }  // namespace xloco::common

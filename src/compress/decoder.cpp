@@ -142,12 +142,17 @@ void Decoder::stream_pass(const uint8_t* stored, const FrameInfo& info, bool ver
 // of the largest tensor: the first pass checks every value and the zstd checksum, the second
 // writes the targets. Nothing is written unless the whole frame is sound, and no buffer the
 // size of the payload is ever held.
-void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
-                           const std::vector<TensorRef>& targets, bool add) {
+const uint8_t* Decoder::prepare_stream(const uint8_t* frame, const FrameInfo& info) {
   const uint8_t* stored = check_zstd_frame(frame, info);
   uint64_t largest = 1;
   for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
   reserve_scratch(largest);
+  return stored;
+}
+
+void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
+                           const std::vector<TensorRef>& targets, bool add) {
+  const uint8_t* stored = prepare_stream(frame, info);
   stream_pass(stored, info, true,
               [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); });
   stream_pass(stored, info, false, [&](size_t i, const uint8_t* bytes) {
@@ -165,11 +170,7 @@ double Decoder::norm(const uint8_t* frame, size_t size) {
     sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size);
   };
   if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
-    const uint8_t* stored = check_zstd_frame(frame, info);
-    uint64_t largest = 1;
-    for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
-    reserve_scratch(largest);
-    stream_pass(stored, info, true, tensor);
+    stream_pass(prepare_stream(frame, info), info, true, tensor);
   } else {
     const uint8_t* p = payload(frame, info);
     for (size_t i = 0; i < info.tensors.size(); ++i) tensor(i, p + info.tensors[i].offset);

@@ -56,6 +56,9 @@ class Decoder {
                     const std::vector<TensorRef>& targets, bool add);
   // One pass over a large zstd payload, a tensor at a time: `each(i, bytes)` sees tensor i's
   // payload; the zstd frame's end and checksum are verified after the last tensor.
+  // Checks the zstd frame's sizes and sizes the scratch buffer for its largest tensor; returns
+  // the stored payload for stream_pass.
+  const uint8_t* prepare_stream(const uint8_t* frame, const FrameInfo& info);
   template <class Each>
   void stream_pass(const uint8_t* stored, const FrameInfo& info, bool verify_end, Each&& each);
   void check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const;

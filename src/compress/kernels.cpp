@@ -308,6 +308,19 @@ XLOCO_HOT void dequantize_int4(const uint8_t* __restrict q, uint32_t len, float 
   }
 }
 
+// Each block of an int8/int4 payload (its scales first, then the codes): `block(start, len,
+// scale, codes)`, where element i of the tensor is code i of `codes` (int8) or nibble i (int4).
+template <class Block>
+inline void for_each_block(const uint8_t* payload, uint64_t n, uint32_t block_size, Block&& block) {
+  const uint64_t blocks = ceil_div(n, block_size);
+  const uint8_t* q = payload + 4 * blocks;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t start = b * block_size;
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
+    block(start, len, reinterpret_cast<const WireF32*>(payload)[b].v, q);
+  }
+}
+
 }  // namespace
 
 float max_encodable(Codec codec) {
@@ -359,21 +372,15 @@ void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size
       decode_bf16(payload, n, out, add);
       return;
     case Codec::kInt8:
-    case Codec::kInt4: {
-      const uint64_t blocks = ceil_div(n, block_size);
-      const uint8_t* q = payload + 4 * blocks;
-      for (uint64_t b = 0; b < blocks; ++b) {
-        const uint64_t start = b * block_size;
-        const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
-        const float s = reinterpret_cast<const WireF32*>(payload)[b].v;
+    case Codec::kInt4:
+      for_each_block(payload, n, block_size, [&](uint64_t start, uint32_t len, float s, const uint8_t* q) {
         if (codec == Codec::kInt8) {
           dequantize_int8(q + start, len, s, out + start, add);
         } else {
           dequantize_int4(q + start / 2, len, s, out + start, add);
         }
-      }
+      });
       return;
-    }
   }
 }
 
@@ -394,13 +401,8 @@ double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t blo
       return sum;
     }
     case Codec::kInt8:
-    case Codec::kInt4: {
-      const uint64_t blocks = ceil_div(n, block_size);
-      const uint8_t* q = payload + 4 * blocks;
-      for (uint64_t b = 0; b < blocks; ++b) {
-        const uint64_t start = b * block_size;
-        const uint64_t len = std::min<uint64_t>(block_size, n - start);
-        const double s = reinterpret_cast<const WireF32*>(payload)[b].v;
+    case Codec::kInt4:
+      for_each_block(payload, n, block_size, [&](uint64_t start, uint32_t len, float s, const uint8_t* q) {
         int64_t q2 = 0;
         for (uint64_t i = start; i < start + len; ++i) {
           const int32_t v = codec == Codec::kInt8
@@ -408,10 +410,9 @@ double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t blo
                                 : ((i % 2 == 0 ? q[i / 2] & 15 : q[i / 2] >> 4) - 8);
           q2 += v * v;
         }
-        sum += s * s * static_cast<double>(q2);
-      }
+        sum += static_cast<double>(s) * s * static_cast<double>(q2);
+      });
       return sum;
-    }
   }
   return sum;
 }

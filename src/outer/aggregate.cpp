@@ -36,7 +36,6 @@ Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound)
 
 void Aggregator::begin(std::vector<std::string> order) {
   if (!accepted_.empty()) history_ = std::exchange(accepted_, {});
-  accepted_.clear();
   order_.clear();
   for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt});
   next_ = 0;

@@ -22,8 +22,12 @@ Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Tr
   for (const auto& stale : common::remove_stale_temp(ckpt_root())) {
     spdlog::info("removed {} under {}, left by an interrupted checkpoint", stale, ckpt_root());
   }
+  // Any checkpoint directory counts here, complete or not: resume() verifies each (once), and a
+  // run whose checkpoints are all damaged is refused rather than started again over them.
+  const auto found = common::checkpoint_candidates(ckpt_root());
   const auto start = decide_resume(opts.resume, opts.auto_resume,
-                                   common::latest_checkpoint(ckpt_root()), opts.run_dir);
+                                   found.empty() ? std::nullopt : std::optional(found.front()),
+                                   opts.run_dir);
   XLOCO_ENFORCE(start.from != StartFrom::kRefuse, common::ConfigError, "{}", start.reason);
   if (opts.auto_resume) spdlog::info("{}", start.reason);
   if (start.from == StartFrom::kCheckpoint) {

@@ -96,15 +96,11 @@ void RunLedger::checkpoint_failed(const std::string& why) {
   last_error_ = why;
 }
 
-// Complete records go to head.jsonl in order. One that cannot be written (a full disk) waits,
-// with those after it, for the next record's write; nothing is lost while the head runs.
+// Complete records go to head.jsonl in order. One that cannot be written (a full disk) stays,
+// with those after it, until the next record's write; nothing is lost while the head runs.
 void RunLedger::flush() {
   while (!held_.empty() && !held_.front().await_eval && !held_.front().await_hash) {
-    unwritten_.push_back(std::move(held_.front().record));
-    held_.pop_front();
-  }
-  while (!unwritten_.empty()) {
-    const RoundRecord& rec = unwritten_.front();
+    const RoundRecord& rec = held_.front().record;
     try {
       if (!metrics_.is_open()) metrics_.open(metrics_path_);
       metrics_.write(rec);
@@ -112,16 +108,16 @@ void RunLedger::flush() {
       ++summary_.write_failures;
       last_error_ = e.what();
       spdlog::error("round {}: {} ({} records wait to be written; retried at the next round)",
-                    rec.round, e.what(), unwritten_.size());
+                    rec.round, e.what(), held_.size());
       return;
     }
-    write_round(rec);
+    log_round(rec);
     if (written_) written_(rec);
-    unwritten_.pop_front();
+    held_.pop_front();
   }
 }
 
-void RunLedger::write_round(const RoundRecord& rec) {
+void RunLedger::log_round(const RoundRecord& rec) {
   const uint64_t done_rounds = rec.round;
   const double per_round = uptime_s() / static_cast<double>(done_rounds - resumed_from_);
   spdlog::info("round {}/{} | {} providers | {} up | {} down | round {:.2f}s {}| ETA {}", done_rounds,

@@ -87,15 +87,14 @@ class RunLedger {
   std::map<std::string, std::string> round_refused_;  // provider → why, this round
   uint64_t last_checkpoint_ = 0;
   std::string last_error_;
-  std::deque<RoundRecord> unwritten_;  // complete records a failed write left for later
   struct Held {
     RoundRecord record;
     bool await_eval = false, await_hash = false;
   };
-  std::deque<Held> held_;  // closed rounds whose records are not complete yet, in order
+  std::deque<Held> held_;  // closed rounds whose records are not complete or not written yet
   void flush();
   std::function<void(const RoundRecord&)> written_;
-  void write_round(const RoundRecord& record);  // to head.jsonl and the log
+  void log_round(const RoundRecord& record);  // its progress line
 };
 
 }  // namespace xloco::outer

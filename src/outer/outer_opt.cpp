@@ -10,18 +10,23 @@ OuterOptimizer::OuterOptimizer(const common::OuterConfig& config, int64_t numel)
     : lr_(config.lr), mu_(config.momentum), nesterov_(config.nesterov),
       momentum_(torch::zeros({numel}, torch::kFloat32)) {}
 
-void OuterOptimizer::step(torch::Tensor& theta, const torch::Tensor& delta) {
-  torch::NoGradGuard guard;
+void OuterOptimizer::apply(torch::Tensor& theta, torch::Tensor& momentum,
+                           const torch::Tensor& delta) const {
   if (mu_ == 0) {
     theta.add_(delta, -lr_);
     return;
   }
-  momentum_.mul_(mu_).add_(delta);
+  momentum.mul_(mu_).add_(delta);
   if (nesterov_) {
-    theta.add_(delta, -lr_).add_(momentum_, -lr_ * mu_);
+    theta.add_(delta, -lr_).add_(momentum, -lr_ * mu_);
   } else {
-    theta.add_(momentum_, -lr_);
+    theta.add_(momentum, -lr_);
   }
+}
+
+void OuterOptimizer::step(torch::Tensor& theta, const torch::Tensor& delta) {
+  torch::NoGradGuard guard;
+  apply(theta, momentum_, delta);
 }
 
 std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
@@ -33,19 +38,9 @@ std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
     const int64_t c = std::min(kChunk, n - o);
     const auto d = delta.narrow(0, o, c);
     auto t = theta.narrow(0, o, c).clone();
-    torch::Tensor bad;
-    if (mu_ == 0) {
-      t.add_(d, -lr_);
-      bad = torch::isfinite(t).logical_and(torch::isfinite(d)).logical_not();
-    } else {
-      auto m = momentum_.narrow(0, o, c).clone().mul_(mu_).add_(d);
-      if (nesterov_) {
-        t.add_(d, -lr_).add_(m, -lr_ * mu_);
-      } else {
-        t.add_(m, -lr_);
-      }
-      bad = torch::isfinite(t).logical_and(torch::isfinite(m)).logical_and(torch::isfinite(d)).logical_not();
-    }
+    auto m = momentum_.narrow(0, o, c).clone();
+    apply(t, m, d);  // the same operations as step(), on copies of the chunk
+    const auto bad = torch::isfinite(t).logical_and(torch::isfinite(m)).logical_and(torch::isfinite(d)).logical_not();
     if (bad.any().item<bool>()) return o + bad.nonzero()[0][0].item<int64_t>();
   }
   return std::nullopt;

@@ -23,6 +23,9 @@ class OuterOptimizer {
   torch::Tensor& momentum() { return momentum_; }
 
  private:
+  // θ ← θ − lr·step and buf ← μ·buf + Δ, in place on the tensors given (whole or a chunk).
+  void apply(torch::Tensor& theta, torch::Tensor& momentum, const torch::Tensor& delta) const;
+
   double lr_, mu_;
   bool nesterov_;
   torch::Tensor momentum_;

@@ -116,6 +116,11 @@ struct StatusServer::Impl {
       if (value.rfind("Bearer ", 0) == 0) presented = value.substr(7);
     }
     const bool authenticated = !token.empty() && equal_secret(presented, token);
+    HeadStatus snapshot;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      snapshot = status;
+    }
     if (req.method() != http::verb::get) {
       text(http::status::method_not_allowed, "only GET\n");
     } else if (open_bind && !authenticated) {
@@ -123,11 +128,6 @@ struct StatusServer::Impl {
            "send Authorization: Bearer TOKEN (the head's --http-token / XLOCO_HTTP_TOKEN)\n");
       res.set(http::field::www_authenticate, "Bearer");
     } else if (target == "/status" || target == "/") {
-      HeadStatus snapshot;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        snapshot = status;
-      }
       if (!authenticated) {
         for (auto& p : snapshot.providers) p.address.clear();  // addresses for the token's holders
       }
@@ -135,11 +135,6 @@ struct StatusServer::Impl {
       res.set(http::field::content_type, "application/json");
       res.body() = json(snapshot).dump(2) + "\n";
     } else if (target == "/metrics") {
-      HeadStatus snapshot;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        snapshot = status;
-      }
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = prometheus_text(snapshot);
