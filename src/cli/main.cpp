@@ -1,4 +1,5 @@
 // xloco: one binary, one sub-command per role (design §1).
+#include <filesystem>
 #include <cstdio>
 
 #include <spdlog/spdlog.h>
@@ -14,7 +15,7 @@ std::vector<std::string> g_argv;
 const std::vector<std::string>& original_argv() { return g_argv; }
 void set_argv_for_main(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
 void warn_if_in_argv(const std::string& secret, const std::string& option, const std::string& env) {
-  if (secret.empty()) return;
+  if (secret.empty() || std::filesystem::exists(secret)) return;  // a file's path, not the secret
   for (const auto& arg : g_argv) {
     if (arg == secret || arg == option + "=" + secret) {
       spdlog::warn("{} was given on the command line, where every user of this machine can read "

@@ -204,6 +204,17 @@ const std::vector<float>* Encoder::residual(std::string_view name) const {
   return it == residuals_.end() ? nullptr : &it->second;
 }
 
+void Encoder::set_residual(std::string_view name, std::vector<float> values) {
+  XLOCO_FRAME_ENFORCE(config_.error_feedback && config_.codec != Codec::kFp32, kMismatch,
+                      "residual '{}' given to a {} encoder{}, which keeps none", name,
+                      to_string(config_.codec), config_.error_feedback ? "" : " without feedback");
+  for (size_t i = 0; i < values.size(); ++i) {
+    XLOCO_FRAME_ENFORCE(std::isfinite(values[i]), kNonFinite, "residual '{}' element {} is {}",
+                        name, i, values[i]);
+  }
+  residuals_[std::string(name)] = std::move(values);
+}
+
 void Encoder::reset_residuals() {
   for (auto& [name, r] : residuals_) std::fill(r.begin(), r.end(), 0.0f);
 }

@@ -43,6 +43,10 @@ class Encoder {
   // none; neither does an encoder with error feedback off.
   const std::vector<float>* residual(std::string_view name) const;
   void reset_residuals();
+  // Puts back a residual saved from residual() (a provider restarting, outer/provider.cpp).
+  // Throws FrameError(kMismatch) when this encoder keeps no residuals (fp32, or feedback off),
+  // and FrameError(kNonFinite) on a NaN or Inf; the next encode checks its size as usual.
+  void set_residual(std::string_view name, std::vector<float> values);
 
   const CodecConfig& config() const { return config_; }
   const EncodeStats& last_stats() const { return stats_; }

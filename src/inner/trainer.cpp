@@ -221,6 +221,15 @@ void InnerTrainer::load_model(const common::SafetensorsFile& file) {
   }
 }
 
+void InnerTrainer::broadcast_optimizer() {
+  ensure_training_buffers();
+  group_.broadcast(exp_avg_);
+  group_.broadcast(exp_avg_sq_);
+  auto t = torch::tensor({adam_t_}, torch::kInt64);
+  group_.broadcast(t);
+  adam_t_ = t.item<int64_t>();
+}
+
 void InnerTrainer::load_optimizer(const common::SafetensorsFile& file) {
   const auto* m = file.find("exp_avg");
   const auto* v = file.find("exp_avg_sq");

@@ -65,6 +65,9 @@ class InnerTrainer {
   std::vector<common::TensorBlob> optimizer_blobs() const;
   void load_model(const common::SafetensorsFile& file);  // names and shapes must match
   void load_optimizer(const common::SafetensorsFile& file);
+  // Every rank takes rank 0's AdamW moments and step count (a leader that loaded a saved state);
+  // a collective: all ranks call it.
+  void broadcast_optimizer();
 
  private:
   void apply_adamw(double lr);

@@ -35,7 +35,10 @@ Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Tr
     ledger.restore(st, members);
     done_rounds = st.round;
   }
-  if (!opts.http.empty()) status = StatusServer::start(opts.http, opts.run_dir, opts.http_token);
+  if (!opts.http.empty()) {
+    status = StatusServer::start(opts.http, opts.run_dir, opts.http_token);
+    publish_status("waiting");  // the run's name and position from the first request on
+  }
   // A frame is at most the parameters in fp32 plus its tables; a peer's queue may hold a full
   // state and two updates, beyond which it does not keep up (and held frames cost memory).
   net->set_limits({model.max_frame_bytes(),

@@ -60,4 +60,35 @@ LeaderVerdict on_head_message(const LeaderState& s, const net::Envelope& m) {
   return {LeaderAction::kIgnore, ""};
 }
 
+SavedStateVerdict judge_saved_state(const SavedProviderState& saved, uint64_t head_round,
+                                    const std::string& pub_hash, const std::string& config_hash) {
+  const uint64_t c = saved.round;
+  if (saved.config_hash != config_hash) {
+    return {false, fmt::format("it was saved by a run of another config (hash {}, this run's {})",
+                               saved.config_hash, config_hash)};
+  }
+  if (c == 0) return {false, "it records no round"};
+  if (head_round + 1 < c) {
+    return {false, fmt::format("it was saved after round {}, but the head is back at round {} "
+                               "(it resumed from an older checkpoint): its residual holds rounds "
+                               "the head no longer has", c, head_round)};
+  }
+  if (head_round + 1 == c) {
+    if (pub_hash != saved.base_hash) {
+      return {false, fmt::format("round {} is still open, but the head's theta_pub ({}) is not "
+                                 "the one the state started from ({})", c, pub_hash, saved.base_hash)};
+    }
+    return {true, fmt::format("saved after its contribution to round {}, which is still open "
+                              "(theta_pub {} as then)", c, pub_hash)};
+  }
+  if (head_round - c > kMaxStateLag) {
+    return {false, fmt::format("it was saved after round {}, {} rounds before the head's {} "
+                               "(more than {} behind)", c, head_round - c, head_round, kMaxStateLag)};
+  }
+  return {true, head_round == c
+                    ? fmt::format("saved after round {}, the round the head closed last", c)
+                    : fmt::format("saved after round {}; the head closed {} more while it was down",
+                                  c, head_round - c)};
+}
+
 }  // namespace xloco::outer

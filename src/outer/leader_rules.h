@@ -38,4 +38,32 @@ struct LeaderVerdict {
 
 LeaderVerdict on_head_message(const LeaderState& state, const net::Envelope& message);
 
+// ------------------------------------------------------------------ a restarted provider's state
+
+// What a provider keeps on its own disk at each round boundary (provider.cpp), so that a
+// restart loses nothing it had committed: its inner AdamW state and its uplink error-feedback
+// residual as they stood right after it sent round `round`'s contribution, which it computed
+// from θ_pub(round − 1), whose hash is `base_hash`.
+struct SavedProviderState {
+  uint64_t round = 0;
+  std::string base_hash;
+  std::string config_hash;
+};
+
+// A saved state is resumed only when it continues the run the head rejoins it to:
+// - the same config (hash);
+// - the head still in round `round` (θ_pub is θ_pub(round − 1), hash equal to `base_hash`:
+//   the contribution it sent stands), or past it by at most kMaxStateLag closed rounds (the
+//   rounds it missed while down; DiLoCo carries inner state across θ_pub's jumps anyway).
+// Otherwise it is discarded with the reason: the head went back to an older checkpoint (the
+// residual holds error from rounds the head no longer has), θ_pub is not the one the state
+// started from, or the state is too old to help.
+inline constexpr uint64_t kMaxStateLag = 2;
+struct SavedStateVerdict {
+  bool resume = false;
+  std::string reason;
+};
+SavedStateVerdict judge_saved_state(const SavedProviderState& saved, uint64_t head_round,
+                                    const std::string& pub_hash, const std::string& config_hash);
+
 }  // namespace xloco::outer

@@ -1,6 +1,8 @@
 #include "outer/provider.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -8,7 +10,9 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/log_limit.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "compress/torch_adapter.h"
@@ -127,6 +131,8 @@ class Leader {
   bool take_fresh_state() { return std::exchange(fresh_state_, false); }
   void goodbye(const std::string& reason) { link_.post(net::Bye{reason}, state_.done_round); }
   bool stopped_by_signal() const { return stopped_by_signal_; }
+  uint64_t done_round() const { return state_.done_round; }
+  compress::Encoder& uplink() { return up_; }
   double bytes_up() const { return bytes_up_; }
   double bytes_down() const { return bytes_down_; }  // updates and states received
 
@@ -221,6 +227,7 @@ class ProviderRun {
                    data_->describe());
       metrics_.open((fs::path(opts.run_dir) / "metrics" / ("provider-" + opts.name + ".jsonl")).string());
     }
+    resume_saved_state();
   }
 
   // The round the leader says to run, on every rank; 0 to stop.
@@ -268,12 +275,18 @@ class ProviderRun {
     const double compute_s = std::chrono::duration<double>(Clock::now() - start).count();
     if (leader_) {
       const double up0 = lead_->bytes_up(), down0 = lead_->bytes_down();
+      const std::string base_hash = hash_of(theta_pub_);
       lead_->contribute(r, theta_pub_, trainer_->params(), trainer_->layout(), tokens, compute_s);
+      // While the contribution goes out and the head closes the round: keep what a restart
+      // would otherwise lose.
+      const auto save_start = Clock::now();
+      save_state(r, base_hash);
       // Per round: its compute, and the time it spent not computing before it (sending,
       // waiting for the round to close, receiving the update), with the bytes behind them.
       metrics_.write({{"round_done", r}, {"compute_s", compute_s},
                       {"idle_s", std::chrono::duration<double>(start - compute_end_).count()},
-                      {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_}});
+                      {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
+                      {"state_save_s", std::chrono::duration<double>(Clock::now() - save_start).count()}});
       down_at_end_ = down0;
     }
     compute_end_ = Clock::now();
@@ -294,6 +307,119 @@ class ProviderRun {
   }
 
  private:
+  fs::path state_root() const { return fs::path(opts_.run_dir) / "state"; }
+
+  // The provider's own durable state (leader_rules.h SavedProviderState): its AdamW moments
+  // and uplink residual right after round r's contribution, atomically in
+  // RUN/providers/NAME/state/round-R (common/checkpoint.h: manifest, fsync, rename; the newest
+  // one kept). A failed write (a full disk) is reported and retried next round, never fatal:
+  // the worst a restart then loses is what it would have lost without it.
+  void save_state(uint64_t r, const std::string& base_hash) {
+    if (!save_state_) return;
+    common::CheckpointContents c;
+    c.files["optim.safetensors"] = trainer_->optimizer_blobs();
+    std::vector<common::TensorBlob> residuals;
+    for (const auto& s : trainer_->layout().slots) {
+      if (const auto* e = lead_->uplink().residual(s.name)) {
+        common::TensorBlob b;
+        b.name = s.name;
+        b.dtype = "F32";
+        b.shape = {static_cast<int64_t>(e->size())};
+        b.borrowed = reinterpret_cast<const uint8_t*>(e->data());
+        b.borrowed_size = e->size() * sizeof(float);
+        residuals.push_back(std::move(b));
+      }
+    }
+    if (!residuals.empty()) c.files["residual.safetensors"] = std::move(residuals);
+    c.state = {{"round", r},
+               {"base_hash", base_hash},
+               {"config_hash", common::config_hash(cfg_)},
+               {"provider", opts_.name},
+               {"shard", shard_.index},
+               {"adam_steps", trainer_->adam_steps()}};
+    try {
+      common::write_checkpoint(state_root().string(), fmt::format("round-{:06d}", r), c, 1);
+      if (save_failures_ > 0) {
+        spdlog::info("provider {}: saved its state again after {} failed writes", opts_.name, save_failures_);
+        save_failures_ = 0;
+      }
+    } catch (const std::exception& e) {
+      ++save_failures_;
+      const auto v = save_log_.check("save");
+      if (v.log) {
+        spdlog::warn("provider {}: could not save its state after round {} (a restart would "
+                     "start a fresh AdamW state and residual): {}{}", opts_.name, r, e.what(),
+                     common::LogLimiter::note(v));
+      }
+    }
+  }
+
+  // At the join: the leader judges its newest saved state against the θ_pub the head just
+  // sent (judge_saved_state) and loads it or says why not; every rank takes the moments.
+  void resume_saved_state() {
+    torch::Tensor resumed = torch::zeros({1}, torch::kInt64);
+    if (leader_) resumed[0] = load_saved_state() ? 1 : 0;
+    group_.broadcast(resumed);
+    if (resumed.item<int64_t>() != 0) trainer_->broadcast_optimizer();
+  }
+
+  bool load_saved_state() {
+    const std::string root = state_root().string();
+    try {
+      for (const auto& name : common::remove_stale_temp(root)) {
+        spdlog::info("provider {}: removed {} left by an interrupted save", opts_.name, name);
+      }
+      common::check_writable(root);
+    } catch (const std::exception& e) {
+      save_state_ = false;
+      spdlog::warn("provider {}: its state directory is not writable, so a restart will lose its "
+                   "AdamW state and residual: {}", opts_.name, e.what());
+      return false;
+    }
+    std::vector<std::string> skipped;
+    const auto dir = common::latest_checkpoint(root, &skipped);
+    for (const auto& why : skipped) spdlog::warn("provider {}: saved state skipped: {}", opts_.name, why);
+    if (!dir) return false;
+    try {
+      const auto st = common::read_checkpoint_state(*dir);
+      const SavedProviderState saved{st.at("round").get<uint64_t>(), st.at("base_hash").get<std::string>(),
+                                     st.at("config_hash").get<std::string>()};
+      const auto v = judge_saved_state(saved, lead_->done_round(), hash_of(theta_pub_),
+                                       common::config_hash(cfg_));
+      if (!v.resume) {
+        spdlog::warn("provider {}: saved state {} discarded: {}", opts_.name, *dir, v.reason);
+        return false;
+      }
+      trainer_->load_optimizer(common::read_safetensors(*dir + "/optim.safetensors"));
+      size_t restored = 0;
+      if (fs::exists(*dir + "/residual.safetensors")) {
+        const auto file = common::read_safetensors(*dir + "/residual.safetensors");
+        for (const auto& blob : file.tensors) {
+          const auto& slots = trainer_->layout().slots;
+          const auto it = std::find_if(slots.begin(), slots.end(),
+                                       [&](const common::ParamSlot& s) { return s.name == blob.name; });
+          const common::ParamSlot* slot = it == slots.end() ? nullptr : &*it;
+          XLOCO_ENFORCE(slot != nullptr && blob.dtype == "F32" &&
+                            blob.data.size() == static_cast<size_t>(slot->numel) * sizeof(float),
+                        common::IoError, "{}/residual.safetensors: tensor {} is not one of the model's",
+                        *dir, blob.name);
+          std::vector<float> values(static_cast<size_t>(slot->numel));
+          std::memcpy(values.data(), blob.data.data(), blob.data.size());
+          lead_->uplink().set_residual(blob.name, std::move(values));
+          ++restored;
+        }
+      }
+      spdlog::info("provider {}: resumed its AdamW state (step {}) and {} error-feedback residuals "
+                   "from {}: {}", opts_.name, trainer_->adam_steps(), restored, *dir, v.reason);
+      return true;
+    } catch (const std::exception& e) {
+      trainer_->reset_optimizer();
+      lead_->uplink().reset_residuals();
+      spdlog::warn("provider {}: saved state {} discarded: {}", opts_.name, *dir, e.what());
+      return false;
+    }
+  }
+
   void log_step(uint64_t r, int64_t step, const inner::StepStats& st, uint64_t tokens,
                 Clock::time_point start) {
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
@@ -316,6 +442,9 @@ class ProviderRun {
   std::unique_ptr<inner::InnerTrainer> trainer_;
   torch::Tensor theta_pub_;
   common::JsonlWriter metrics_;
+  bool save_state_ = true;
+  uint64_t save_failures_ = 0;
+  common::LogLimiter save_log_;
   Clock::time_point compute_end_ = Clock::now();  // of the last round (or the join)
   double down_at_end_ = 0;                         // bytes received by then
 };

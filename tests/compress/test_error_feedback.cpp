@@ -77,6 +77,28 @@ TEST_SUITE("error_feedback") {
     }
   }
 
+  TEST_CASE("a residual put back into a new encoder continues the stream bit for bit") {
+    // What a restarted provider does (outer/provider.cpp): save residual(), restart, set_residual.
+    CodecConfig config;
+    config.codec = Codec::kInt8;
+    Encoder first(config), twin(config);
+    TensorSet a, b;
+    a.add("w", {1000}, heavy_tailed(1000, 3));
+    b.add("w", {1000}, heavy_tailed(1000, 4));
+    first.encode(a.inputs());
+    twin.encode(a.inputs());
+    Encoder restarted(config);
+    restarted.set_residual("w", *first.residual("w"));
+    CHECK(restarted.encode(b.inputs()) == twin.encode(b.inputs()));
+    Encoder fresh(config);  // without it the next frame differs: the residual was carried
+    CHECK(fresh.encode(b.inputs()) != restarted.encode(b.inputs()) );
+
+    CHECK_THROWS_AS(restarted.set_residual("w", {1.0f, std::nanf("")}), FrameError);
+    config.codec = Codec::kFp32;
+    Encoder exact(config);
+    CHECK_THROWS_WITH_AS(exact.set_residual("w", {1.0f}), doctest::Contains("keeps none"), FrameError);
+  }
+
   TEST_CASE("residuals: none for fp32, readable, resettable, shape-checked") {
     TensorSet in;
     in.add("a", {300}, heavy_tailed(300, 1));

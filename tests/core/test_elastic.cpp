@@ -289,6 +289,38 @@ TEST_SUITE("elastic_rules") {
 }
 
 TEST_SUITE("elastic") {
+  TEST_CASE("the head with idle TCP clients on its status port: /status answers within 1 s and SIGTERM ends it within 5 s") {
+    using SteadyClock = std::chrono::steady_clock;
+    Cluster c("sigterm", "", 2, {"p0", "p1"});
+    c.head();  // no providers: it waits for them, serving /status
+    REQUIRE(test::wait_for_text(c.log("head"), "status: http://", 60));
+    const std::string url = c.status_url();
+    REQUIRE(!url.empty());
+    const int port = std::stoi(url.substr(url.rfind(':') + 1));
+    std::vector<int> idle;  // connected, never sending a byte
+    for (int i = 0; i < 8; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      idle.push_back(fd);
+    }
+    const auto t0 = SteadyClock::now();
+    const auto status = nlohmann::json::parse(outer::http_get(url, "/status", 5));
+    CHECK(std::chrono::duration<double>(SteadyClock::now() - t0).count() < 1.0);
+    CHECK(status["run"] == "el");
+    const auto t1 = SteadyClock::now();
+    c.kill("head", SIGTERM);
+    const int rc = c.wait_head(30);
+    const double took = std::chrono::duration<double>(SteadyClock::now() - t1).count();
+    for (const int fd : idle) ::close(fd);
+    INFO(c.head_log());
+    CHECK(rc >= 0);
+    CHECK(took < 5.0);
+  }
+
   TEST_CASE("a frozen provider misses the deadline, a killed one is dead; restarted, it rejoins with full state and counts") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing");
@@ -335,6 +367,9 @@ TEST_SUITE("elastic") {
     c.reap("p1");
     c.worker("p1");
     REQUIRE(test::wait_for_text(c.log("head"), "provider p1 rejoined at round", 60));
+    // Its saved AdamW state and residual are from before the freeze, rounds ago: discarded,
+    // with the reason (leader_rules.h judge_saved_state).
+    CHECK(test::wait_for_text(c.log("p1"), "discarded: it was saved after round", 10));
     const std::string log = c.head_log();
     const auto line = log.substr(log.find("provider p1 rejoined at round"));
     CHECK(line.substr(0, line.find('\n')).find("full state") != std::string::npos);

@@ -522,4 +522,31 @@ TEST_SUITE("membership") {
     CHECK(v.held_back == 2);
     CHECK(common::LogLimiter::note(v) == " (2 similar lines held back)");
   }
+
+  TEST_CASE("a restarted provider's saved state: resumed when it continues the run the head rejoins it to, else discarded with the reason") {
+    const SavedProviderState saved{10, "base", "cfg"};
+    // Round 10 still open, θ_pub the one round 10 started from: exact.
+    auto v = judge_saved_state(saved, 9, "base", "cfg");
+    CHECK(v.resume);
+    CHECK(v.reason.find("still open") != std::string::npos);
+    // Round 10 still open but another θ_pub: not this state's run.
+    v = judge_saved_state(saved, 9, "other", "cfg");
+    CHECK(!v.resume);
+    CHECK(v.reason.find("not the one the state started from") != std::string::npos);
+    // The head closed round 10 (or a few more while it was down).
+    CHECK(judge_saved_state(saved, 10, "x", "cfg").resume);
+    CHECK(judge_saved_state(saved, 10 + kMaxStateLag, "x", "cfg").resume);
+    v = judge_saved_state(saved, 11 + kMaxStateLag, "x", "cfg");
+    CHECK(!v.resume);
+    CHECK(v.reason.find("behind") != std::string::npos);
+    // The head went back to an older checkpoint.
+    v = judge_saved_state(saved, 8, "base", "cfg");
+    CHECK(!v.resume);
+    CHECK(v.reason.find("older checkpoint") != std::string::npos);
+    // Another config.
+    v = judge_saved_state(saved, 10, "x", "cfg2");
+    CHECK(!v.resume);
+    CHECK(v.reason.find("another config") != std::string::npos);
+    CHECK(!judge_saved_state({0, "", "cfg"}, 0, "", "cfg").resume);
+  }
 }
