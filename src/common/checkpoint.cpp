@@ -16,6 +16,24 @@ namespace xloco::common {
 namespace fs = std::filesystem;
 namespace {
 
+// Size and 16-byte BLAKE2b of bytes as they are written.
+struct Digest {
+  crypto_generichash_state st;
+  uint64_t bytes = 0;
+  Digest() { crypto_generichash_init(&st, nullptr, 0, 16); }
+  void add(const uint8_t* p, size_t n) {
+    crypto_generichash_update(&st, p, static_cast<unsigned long long>(n));
+    bytes += n;
+  }
+  nlohmann::json entry() {
+    unsigned char out[16];
+    crypto_generichash_final(&st, out, sizeof out);
+    std::string hex;
+    for (const unsigned char c : out) hex += fmt::format("{:02x}", c);
+    return {{"bytes", bytes}, {"blake2b", hex}};
+  }
+};
+
 // Size and 16-byte BLAKE2b of a file, read back in 1 MiB pieces.
 std::pair<uint64_t, std::string> file_digest(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -59,14 +77,18 @@ std::string write_checkpoint(const std::string& root, const std::string& name,
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     nlohmann::json manifest = nlohmann::json::object();
+    // Hashed as written: a second pass over a model-sized file would double the disk time.
     for (const auto& [file, tensors] : contents.files) {
-      write_safetensors((tmp / file).string(), tensors, {{"format", "pt"}});
+      Digest d;
+      write_safetensors((tmp / file).string(), tensors, {{"format", "pt"}},
+                        [&d](const uint8_t* p, size_t n) { d.add(p, n); });
+      manifest[file] = d.entry();
     }
-    write_file_atomic((tmp / "state.json").string(), contents.state.dump(2) + "\n");
-    for (const auto& e : fs::directory_iterator(tmp)) {
-      const auto [bytes, hash] = file_digest(e.path());
-      manifest[e.path().filename().string()] = {{"bytes", bytes}, {"blake2b", hash}};
-    }
+    const std::string state = contents.state.dump(2) + "\n";
+    write_file_atomic((tmp / "state.json").string(), state);
+    Digest d;
+    d.add(reinterpret_cast<const uint8_t*>(state.data()), state.size());
+    manifest["state.json"] = d.entry();
     write_file_atomic((tmp / kManifestFile).string(), manifest.dump(2) + "\n");
     fsync_dir(tmp.string());
     // The good copy of NAME (a checkpoint of the same round, re-written) goes aside, not away,

@@ -91,7 +91,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorBlob>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const uint8_t*, size_t)>& observe) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -115,7 +116,11 @@ void write_safetensors(const std::string& path, const std::vector<TensorBlob>& t
   // Streamed from the tensors' own memory: no second copy of a model in RAM.
   write_atomically(path, [&](auto&& put) {
     put(head.data(), head.size());
-    for (const auto& t : tensors) put(t.bytes(), t.size());
+    if (observe) observe(reinterpret_cast<const uint8_t*>(head.data()), head.size());
+    for (const auto& t : tensors) {
+      put(t.bytes(), t.size());
+      if (observe) observe(t.bytes(), t.size());
+    }
   });
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,8 +34,11 @@ struct SafetensorsFile {
 
 size_t dtype_size(const std::string& dtype);  // throws IoError for an unknown dtype
 
+// `observe`, when given, sees every byte written, in order (checkpoints hash files as they
+// write them instead of reading them back).
 void write_safetensors(const std::string& path, const std::vector<TensorBlob>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::function<void(const uint8_t*, size_t)>& observe = {});
 // Validates the header (sizes, offsets within the file, dtype × shape == byte length) and throws
 // IoError naming the file and the tensor on any inconsistency.
 SafetensorsFile read_safetensors(const std::string& path);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -242,6 +243,7 @@ class ProviderRun {
     group_.broadcast(ctrl_);
     if (ctrl_[0].item<int64_t>() == kStop) return 0;
     if (ctrl_[2].item<int64_t>() != 0) {
+      wait_for_save();  // it borrows the moments being replaced
       trainer_->reset_optimizer();  // resynchronised with full state: a fresh AdamW state
       if (leader_) spdlog::info("provider {}: fresh AdamW state after a full-state resync", opts_.name);
     }
@@ -250,6 +252,7 @@ class ProviderRun {
 
   // H inner steps from θ_pub, then the leader's contribution; false when interrupted.
   bool run_round(uint64_t r) {
+    const double state_wait_s = wait_for_save();  // the moments and residual are about to move
     {
       torch::NoGradGuard guard;
       if (leader_) trainer_->params().copy_(theta_pub_);
@@ -275,25 +278,27 @@ class ProviderRun {
     const double compute_s = std::chrono::duration<double>(Clock::now() - start).count();
     if (leader_) {
       const double up0 = lead_->bytes_up(), down0 = lead_->bytes_down();
-      const std::string base_hash = hash_of(theta_pub_);
       lead_->contribute(r, theta_pub_, trainer_->params(), trainer_->layout(), tokens, compute_s);
+      const std::string base_hash = hash_of(theta_pub_);  // θ_pub(r − 1), before the update
       // While the contribution goes out and the head closes the round: keep what a restart
-      // would otherwise lose.
-      const auto save_start = Clock::now();
+      // would otherwise lose, on a thread of its own (joined before the next round trains).
       save_state(r, base_hash);
       // Per round: its compute, and the time it spent not computing before it (sending,
       // waiting for the round to close, receiving the update), with the bytes behind them.
       metrics_.write({{"round_done", r}, {"compute_s", compute_s},
                       {"idle_s", std::chrono::duration<double>(start - compute_end_).count()},
                       {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
-                      {"state_save_s", std::chrono::duration<double>(Clock::now() - save_start).count()}});
+                      {"state_save_s", last_save_s_}, {"state_wait_s", state_wait_s}});
       down_at_end_ = down0;
     }
     compute_end_ = Clock::now();
     return true;
   }
 
+  ~ProviderRun() { wait_for_save(); }
+
   int finish(const Clock::time_point t0) {
+    wait_for_save();
     if (!leader_) return 0;
     const auto hash = hash_of(theta_pub_);
     spdlog::info("provider {}: finished after {} | {} sent | theta_pub {} | peak RSS {}", opts_.name,
@@ -316,7 +321,9 @@ class ProviderRun {
   // the worst a restart then loses is what it would have lost without it.
   void save_state(uint64_t r, const std::string& base_hash) {
     if (!save_state_) return;
-    common::CheckpointContents c;
+    wait_for_save();
+    auto contents = std::make_shared<common::CheckpointContents>();
+    auto& c = *contents;
     c.files["optim.safetensors"] = trainer_->optimizer_blobs();
     std::vector<common::TensorBlob> residuals;
     for (const auto& s : trainer_->layout().slots) {
@@ -337,21 +344,36 @@ class ProviderRun {
                {"provider", opts_.name},
                {"shard", shard_.index},
                {"adam_steps", trainer_->adam_steps()}};
-    try {
-      common::write_checkpoint(state_root().string(), fmt::format("round-{:06d}", r), c, 1);
-      if (save_failures_ > 0) {
-        spdlog::info("provider {}: saved its state again after {} failed writes", opts_.name, save_failures_);
-        save_failures_ = 0;
+    // The blobs borrow the moments and the residuals: nothing touches them until the next
+    // round trains (run_round), a fresh AdamW state replaces them (next_round) or the run
+    // ends, and each of those joins this first.
+    saving_ = std::async(std::launch::async, [this, contents, r] {
+      const auto start = Clock::now();
+      try {
+        common::write_checkpoint(state_root().string(), fmt::format("round-{:06d}", r), *contents, 1);
+        if (save_failures_ > 0) {
+          spdlog::info("provider {}: saved its state again after {} failed writes", opts_.name, save_failures_);
+          save_failures_ = 0;
+        }
+      } catch (const std::exception& e) {
+        ++save_failures_;
+        const auto v = save_log_.check("save");
+        if (v.log) {
+          spdlog::warn("provider {}: could not save its state after round {} (a restart would "
+                       "start a fresh AdamW state and residual): {}{}", opts_.name, r, e.what(),
+                       common::LogLimiter::note(v));
+        }
       }
-    } catch (const std::exception& e) {
-      ++save_failures_;
-      const auto v = save_log_.check("save");
-      if (v.log) {
-        spdlog::warn("provider {}: could not save its state after round {} (a restart would "
-                     "start a fresh AdamW state and residual): {}{}", opts_.name, r, e.what(),
-                     common::LogLimiter::note(v));
-      }
-    }
+      last_save_s_ = std::chrono::duration<double>(Clock::now() - start).count();
+    });
+  }
+
+  // Joins a save in flight; the seconds it waited.
+  double wait_for_save() {
+    if (!saving_.valid()) return 0;
+    const auto start = Clock::now();
+    saving_.get();
+    return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
   // At the join: the leader judges its newest saved state against the θ_pub the head just
@@ -443,6 +465,8 @@ class ProviderRun {
   torch::Tensor theta_pub_;
   common::JsonlWriter metrics_;
   bool save_state_ = true;
+  std::future<void> saving_;
+  double last_save_s_ = 0;  // the last save's own time (written by its thread, read after a join)
   uint64_t save_failures_ = 0;
   common::LogLimiter save_log_;
   Clock::time_point compute_end_ = Clock::now();  // of the last round (or the join)
