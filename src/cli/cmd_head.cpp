@@ -61,13 +61,9 @@ void add_head_command(CLI::App& app) {
     net::zeromq::ServerOptions so;
     so.bind = !a->bind.empty() ? a->bind : a->insecure ? "tcp://127.0.0.1:7700" : "tcp://0.0.0.0:7700";
     so.link.insecure = a->insecure;
-    if (a->insecure) {
-      const auto colon = so.bind.rfind(':');
-      const auto slash = so.bind.find("//");
-      const std::string host = slash == std::string::npos || colon == std::string::npos
-                                   ? ""
-                                   : so.bind.substr(slash + 2, colon - slash - 2);
-      XLOCO_ENFORCE(so.bind.rfind("tcp://", 0) != 0 || outer::is_loopback_host(host),
+    if (a->insecure && so.bind.rfind("tcp://", 0) == 0) {
+      const std::string host = outer::split_host_port(so.bind.substr(6), "head --bind").first;
+      XLOCO_ENFORCE(outer::is_loopback_host(host),
                     common::ConfigError,
                     "head: --insecure links are plaintext and unauthenticated: they bind only a "
                     "loopback address, not {} (use keys for anything else)",

@@ -27,8 +27,6 @@ namespace http = beast::http;
 using asio::ip::tcp;
 using nlohmann::json;
 
-namespace {
-
 std::pair<std::string, std::string> split_host_port(const std::string& text, const std::string& what) {
   const auto colon = text.rfind(':');
   XLOCO_ENFORCE(colon != std::string::npos && colon + 1 < text.size(), common::ConfigError,
@@ -37,6 +35,8 @@ std::pair<std::string, std::string> split_host_port(const std::string& text, con
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return {host.empty() ? "127.0.0.1" : host, text.substr(colon + 1)};
 }
+
+namespace {
 
 // A blocking socket that gives up on a silent peer (http_get, the client side).
 void set_timeouts(int fd, double seconds) {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "outer/documents.h"
 
@@ -49,6 +50,9 @@ std::string http_get(const std::string& base, const std::string& path, double ti
 
 // 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(const std::string& host);
+// "HOST:PORT" (HOST may be "[v6]", and defaults to 127.0.0.1 when empty); throws ConfigError
+// naming `what` when there is no port.
+std::pair<std::string, std::string> split_host_port(const std::string& text, const std::string& what);
 
 // The `xloco status` table: one line per provider (state, last round, tokens/s, bytes, last
 // seen) under a line about the run.

@@ -45,6 +45,20 @@ TEST_SUITE("cli") {
     CHECK(r.out.find("unknown key \"inner.typo\"") != std::string::npos);
   }
 
+  TEST_CASE("head --insecure binds only loopback addresses, and says so") {
+    test::ScratchDir dir("insecure");
+    const std::string base = "head --insecure --config " + config_path() + " --set run.dir=" + dir.str();
+    for (const char* bind : {"tcp://0.0.0.0:0", "tcp://10.1.2.3:0", "tcp://[::]:0"}) {
+      INFO(bind);
+      const auto r = run(base + " --bind " + bind);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("bind only a loopback address") != std::string::npos);
+    }
+    const auto r = run(base + " --bind tcp://0.0.0.0");  // no port: named, not guessed
+    CHECK(r.code == 2);
+    CHECK(r.out.find("must be HOST:PORT") != std::string::npos);
+  }
+
   TEST_CASE("xloco config prints the resolved config: overrides applied, defaults filled in, kinds by name") {
     auto r = run("config --config " + config_path() + " --set outer.codec_up=int4");
     REQUIRE(r.code == 0);
