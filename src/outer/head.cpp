@@ -1,11 +1,13 @@
 #include "outer/head.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "outer/head_impl.h"
 
@@ -166,6 +168,7 @@ int Head::Impl::run() {
       if (eval_due) ledger.skip_eval(*eval_due, "the head was interrupted");
       checkpoint();
       broadcast(net::Bye{"head interrupted"});
+      drain(2.0);  // a signal wants a quick exit: the BYE, not a model-sized update
       return 130;
     }
     if (auto rx = net->receive(std::chrono::milliseconds(50))) handle(*rx);
@@ -222,6 +225,38 @@ void Head::Impl::broadcast(const net::Body& body) {
   }
 }
 
+void Head::Impl::drain(double limit_s) {
+  const auto start = Clock::now();
+  bool said = false;
+  for (;;) {
+    std::size_t queued = 0, peers = 0;
+    Clock::time_point moved{};
+    for (const auto& [name, m] : members) {
+      if (!is_live(m.state)) continue;
+      const auto ls = net->link_state(name);
+      if (ls.queued_bytes == 0) continue;
+      queued += ls.queued_bytes;
+      ++peers;
+      moved = std::max(moved, ls.last_progress);
+    }
+    if (queued == 0) return;
+    const auto now = Clock::now();
+    if (!said) {
+      spdlog::info("sending the last {} to {} providers before exiting",
+                   common::human_bytes(static_cast<double>(queued)), peers);
+      said = true;
+    }
+    if (std::chrono::duration<double>(now - start).count() > limit_s ||
+        std::chrono::duration<double>(now - moved).count() > cfg.outer.dead_after_s) {
+      spdlog::warn("exiting with {} still queued for {} providers (their links stopped taking "
+                   "it, or it took over {:.0f}s): they will miss the end of the run",
+                   common::human_bytes(static_cast<double>(queued)), peers, limit_s);
+      return;
+    }
+    (void)net->receive(std::chrono::milliseconds(50));  // pumps the queues; nothing is answered now
+  }
+}
+
 void Head::Impl::finish() {
   if (model.evaluating()) evaluated(*model.end_evaluation(true, false));
   if (eval_due) {  // the last round's, always
@@ -232,6 +267,9 @@ void Head::Impl::finish() {
   publish_status("done");
   checkpoint();
   broadcast(net::Bye{"run complete"});
+  // At 100 M+ parameters the last update is still streaming out: without this its tail and
+  // the BYE behind it would die with the head, and the providers wait outer.head_timeout_s.
+  drain(cfg.outer.round_timeout_s);
   ledger.finish(done_rounds, model.pub_hash(), model.param_bytes(),
                 opts.summary_file.empty() ? (fs::path(opts.run_dir) / "summary.json").string()
                                           : opts.summary_file);

@@ -59,6 +59,9 @@ struct Head::Impl {
   void publish_status(const std::string& state);
   void broadcast(const net::Body& body);
   void finish();
+  // Lets what is queued for the live providers (the last update, BYE) leave before the head
+  // does: until every queue is empty, none has moved for outer.dead_after_s, or `limit_s`.
+  void drain(double limit_s);
 
   // head_messages.cpp: carrying out verdicts, and what each message leads to.
   // Queues a message; a peer that is gone, or whose queue is over its budget, is dead.

@@ -68,22 +68,24 @@ SavedStateVerdict judge_saved_state(const SavedProviderState& saved, uint64_t he
                                saved.config_hash, config_hash)};
   }
   if (c == 0) return {false, "it records no round"};
-  if (head_round + 1 < c) {
-    return {false, fmt::format("it was saved after round {}, but the head is back at round {} "
-                               "(it resumed from an older checkpoint): its residual holds rounds "
-                               "the head no longer has", c, head_round)};
+  if (head_round + 1 + kMaxStateLag < c) {
+    return {false, fmt::format("it was saved after round {}, but the head is back at round {}, "
+                               "more than {} rounds before it", c, head_round, kMaxStateLag)};
   }
-  if (head_round + 1 == c) {
-    if (pub_hash != saved.base_hash) {
-      return {false, fmt::format("round {} is still open, but the head's theta_pub ({}) is not "
-                                 "the one the state started from ({})", c, pub_hash, saved.base_hash)};
-    }
-    return {true, fmt::format("saved after its contribution to round {}, which is still open "
-                              "(theta_pub {} as then)", c, pub_hash)};
-  }
-  if (head_round - c > kMaxStateLag) {
+  if (head_round > c + kMaxStateLag) {
     return {false, fmt::format("it was saved after round {}, {} rounds before the head's {} "
                                "(more than {} behind)", c, head_round - c, head_round, kMaxStateLag)};
+  }
+  if (head_round + 1 == c) {
+    return {true, pub_hash == saved.base_hash
+                      ? fmt::format("saved after its contribution to round {}, which is still "
+                                    "open (theta_pub {} as then)", c, pub_hash)
+                      : fmt::format("saved after round {}; the head redid the rounds before it "
+                                    "(theta_pub {}, not {} as then)", c, pub_hash, saved.base_hash)};
+  }
+  if (head_round < c) {
+    return {true, fmt::format("saved after round {}; the head went back to round {} (an older "
+                              "checkpoint), and the moments carry over", c, head_round)};
   }
   return {true, head_round == c
                     ? fmt::format("saved after round {}, the round the head closed last", c)

@@ -50,14 +50,15 @@ struct SavedProviderState {
   std::string config_hash;
 };
 
-// A saved state is resumed only when it continues the run the head rejoins it to:
-// - the same config (hash);
-// - the head still in round `round` (θ_pub is θ_pub(round − 1), hash equal to `base_hash`:
-//   the contribution it sent stands), or past it by at most kMaxStateLag closed rounds (the
-//   rounds it missed while down; DiLoCo carries inner state across θ_pub's jumps anyway).
-// Otherwise it is discarded with the reason: the head went back to an older checkpoint (the
-// residual holds error from rounds the head no longer has), θ_pub is not the one the state
-// started from, or the state is too old to help.
+// A saved state is resumed when it continues the run the head (re)joins it to: the same config
+// (hash), and the head's last closed round within kMaxStateLag rounds of the state's, either
+// way: still in round `round` (its θ_pub then should be `base_hash`, and the contribution sent
+// stands), past it by the rounds missed while down, or back by a few rounds because the head
+// resumed from an older checkpoint. The moments and the residual carry over as they do across
+// any round (DiLoCo carries inner state across θ_pub's jumps); a fresh AdamW state would cost
+// every provider a new warm-up. Otherwise it is discarded with the reason: another config, a
+// state too old or too far ahead to help. Live providers that receive a full state (after a
+// head restart) keep theirs by the same rule (provider.cpp).
 inline constexpr uint64_t kMaxStateLag = 2;
 struct SavedStateVerdict {
   bool resume = false;

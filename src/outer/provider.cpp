@@ -119,6 +119,7 @@ class Leader {
     compress::encode(up_, layout, delta, frame);
     bytes_up_ += static_cast<double>(frame.size());
     tokens_ += tokens;  // reported in the next HELLO
+    contributed_ = r;
     net::Contribution c;
     c.tokens = tokens;
     c.compute_s = compute_s;
@@ -133,6 +134,7 @@ class Leader {
   void goodbye(const std::string& reason) { link_.post(net::Bye{reason}, state_.done_round); }
   bool stopped_by_signal() const { return stopped_by_signal_; }
   uint64_t done_round() const { return state_.done_round; }
+  void set_contributed(uint64_t round) { contributed_ = round; }  // from a resumed saved state
   compress::Encoder& uplink() { return up_; }
   double bytes_up() const { return bytes_up_; }
   double bytes_down() const { return bytes_down_; }  // updates and states received
@@ -160,7 +162,16 @@ class Leader {
     if (!w.state.empty()) {
       bytes_down_ += static_cast<double>(w.state.size());
       compress::decode(dec_, w.state.data(), w.state.size(), layout, theta_pub);
-      fresh_state_ = true;  // design §2: full state starts a fresh AdamW state
+      // Design §2 starts a fresh AdamW state on a full state; the inner state it holds is kept
+      // when it continues the run by the rule a restarted provider's saved state follows (a
+      // head that went back a round or two to its checkpoint), so that a head restart does not
+      // cost every provider a new warm-up.
+      const auto keep = judge_saved_state({contributed_, "", common::config_hash(cfg_)}, env.round,
+                                          hash_of(theta_pub), common::config_hash(cfg_));
+      fresh_state_ = !keep.resume;
+      spdlog::info("provider {}: {} ({})", opts_.name,
+                   keep.resume ? "keeps its AdamW state and residual" : "starts a fresh AdamW state",
+                   keep.reason);
     }
     state_.done_round = env.round;
     state_.rejoining = false;
@@ -197,6 +208,7 @@ class Leader {
   net::Frame welcome_state_;
   LeaderState state_;
   uint64_t tokens_ = 0;
+  uint64_t contributed_ = 0;  // the last round it sent a contribution for
   bool fresh_state_ = false, head_quiet_ = false, stopped_by_signal_ = false;
   std::string last_hash_;
   Clock::time_point last_hello_{};
@@ -431,6 +443,7 @@ class ProviderRun {
           ++restored;
         }
       }
+      lead_->set_contributed(saved.round);
       spdlog::info("provider {}: resumed its AdamW state (step {}) and {} error-feedback residuals "
                    "from {}: {}", opts_.name, trainer_->adam_steps(), restored, *dir, v.reason);
       return true;

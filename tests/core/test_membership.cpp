@@ -529,21 +529,23 @@ TEST_SUITE("membership") {
     auto v = judge_saved_state(saved, 9, "base", "cfg");
     CHECK(v.resume);
     CHECK(v.reason.find("still open") != std::string::npos);
-    // Round 10 still open but another θ_pub: not this state's run.
-    v = judge_saved_state(saved, 9, "other", "cfg");
-    CHECK(!v.resume);
-    CHECK(v.reason.find("not the one the state started from") != std::string::npos);
+    v = judge_saved_state(saved, 9, "other", "cfg");  // the head redid round 9
+    CHECK(v.resume);
+    CHECK(v.reason.find("redid") != std::string::npos);
     // The head closed round 10 (or a few more while it was down).
     CHECK(judge_saved_state(saved, 10, "x", "cfg").resume);
     CHECK(judge_saved_state(saved, 10 + kMaxStateLag, "x", "cfg").resume);
     v = judge_saved_state(saved, 11 + kMaxStateLag, "x", "cfg");
     CHECK(!v.resume);
     CHECK(v.reason.find("behind") != std::string::npos);
-    // The head went back to an older checkpoint.
-    v = judge_saved_state(saved, 8, "base", "cfg");
+    // The head went back to an older checkpoint: a little, carried over; far, discarded.
+    v = judge_saved_state(saved, 9 - kMaxStateLag, "x", "cfg");
+    CHECK(v.resume);
+    CHECK(v.reason.find("went back") != std::string::npos);
+    v = judge_saved_state(saved, 8 - kMaxStateLag, "x", "cfg");
     CHECK(!v.resume);
-    CHECK(v.reason.find("older checkpoint") != std::string::npos);
-    // Another config.
+    CHECK(v.reason.find("is back at round") != std::string::npos);
+    // Another config, or no round at all.
     v = judge_saved_state(saved, 10, "x", "cfg2");
     CHECK(!v.resume);
     CHECK(v.reason.find("another config") != std::string::npos);
