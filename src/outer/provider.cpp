@@ -166,8 +166,9 @@ class Leader {
       // when it continues the run by the rule a restarted provider's saved state follows (a
       // head that went back a round or two to its checkpoint), so that a head restart does not
       // cost every provider a new warm-up.
-      const auto keep = judge_saved_state({contributed_, "", common::config_hash(cfg_)}, env.round,
-                                          hash_of(theta_pub), common::config_hash(cfg_));
+      const std::string run_config = common::config_hash(cfg_);
+      const auto keep = judge_saved_state({contributed_, "", run_config}, env.round,
+                                          hash_of(theta_pub), run_config);
       fresh_state_ = !keep.resume;
       spdlog::info("provider {}: {} ({})", opts_.name,
                    keep.resume ? "keeps its AdamW state and residual" : "starts a fresh AdamW state",

@@ -138,6 +138,29 @@ struct Cluster {
   }
 };
 
+// TCP clients connected to 127.0.0.1:PORT that never send a byte; closed at scope exit
+// (a failed assertion included) or by close().
+struct IdleClients {
+  std::vector<int> fds;
+  IdleClients(int port, int n) {
+    for (int i = 0; i < n; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      REQUIRE(fd >= 0);
+      fds.push_back(fd);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    }
+  }
+  ~IdleClients() { close(); }
+  void close() {
+    for (const int fd : fds) ::close(fd);
+    fds.clear();
+  }
+};
+
 bool contributed(const json& round, const std::string& provider) {
   return round.contains("frames") && round["frames"].contains(provider);
 }
@@ -256,17 +279,7 @@ TEST_SUITE("elastic_rules") {
     server->publish(s);
     const std::string url = server->url();
     const auto port = url.substr(url.rfind(':') + 1);
-    // Ten idle TCP clients: connected, never sending a byte.
-    std::vector<int> idle;
-    for (int i = 0; i < 10; ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(static_cast<uint16_t>(std::stoi(port)));
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-      idle.push_back(fd);
-    }
+    IdleClients idle(std::stoi(port), 10);
     const auto t0 = Clock::now();
     const auto anonymous = nlohmann::json::parse(outer::http_get(url, "/status", 5));
     CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 1.0);
@@ -277,7 +290,7 @@ TEST_SUITE("elastic_rules") {
     const auto t1 = Clock::now();
     server.reset();  // with the idle clients still connected
     CHECK(std::chrono::duration<double>(Clock::now() - t1).count() < 1.0);
-    for (const int fd : idle) ::close(fd);
+    idle.close();
     // Beyond loopback: a token is required, and every request must carry it.
     CHECK_THROWS_AS(outer::StatusServer("0.0.0.0:0"), common::ConfigError);
     CHECK_THROWS_AS(outer::StatusServer("0.0.0.0:0", "short"), common::ConfigError);
@@ -297,16 +310,7 @@ TEST_SUITE("elastic") {
     const std::string url = c.status_url();
     REQUIRE(!url.empty());
     const int port = std::stoi(url.substr(url.rfind(':') + 1));
-    std::vector<int> idle;  // connected, never sending a byte
-    for (int i = 0; i < 8; ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(static_cast<uint16_t>(port));
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-      idle.push_back(fd);
-    }
+    IdleClients idle(port, 8);
     const auto t0 = SteadyClock::now();
     const auto status = nlohmann::json::parse(outer::http_get(url, "/status", 5));
     CHECK(std::chrono::duration<double>(SteadyClock::now() - t0).count() < 1.0);
@@ -315,7 +319,7 @@ TEST_SUITE("elastic") {
     c.kill("head", SIGTERM);
     const int rc = c.wait_head(30);
     const double took = std::chrono::duration<double>(SteadyClock::now() - t1).count();
-    for (const int fd : idle) ::close(fd);
+    idle.close();
     INFO(c.head_log());
     CHECK(rc >= 0);
     CHECK(took < 5.0);
