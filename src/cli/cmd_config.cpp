@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "common/config.h"
+#include "inner/data.h"
 
 namespace xloco::cli {
 
@@ -18,7 +19,7 @@ void add_config_command(CLI::App& app) {
   cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile);
   cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.inner_steps=25");
   cmd->callback([a]() {
-    std::cout << common::to_json_string(common::load_config(a->config, a->overrides)) << "\n";
+    std::cout << common::to_json_string(inner::load_run_config(a->config, a->overrides)) << "\n";
   });
 }
 

@@ -17,6 +17,7 @@
 #include "net/zmq/transport.h"
 #include "outer/head.h"
 #include "outer/status_http.h"
+#include "inner/data.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ void add_head_command(CLI::App& app) {
                 "containers that restart)")
       ->envname("XLOCO_AUTO_RESUME")
       ->excludes("--resume");
-  cmd->add_option("--init", a->init, "warm start from a checkpoint directory (model.safetensors)")->envname("XLOCO_INIT");
+  cmd->add_option("--init", a->init, "warm start θ from an xloco checkpoint directory, a Hugging Face GPT-2 directory or a nanoGPT-named .safetensors file")->envname("XLOCO_INIT");
   cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening")->envname("XLOCO_ENDPOINT_FILE");
   cmd->add_option("--http", a->http,
                   "serve GET /status and /metrics on HOST:PORT (HOST defaults to 127.0.0.1; port 0 "
@@ -53,7 +54,7 @@ void add_head_command(CLI::App& app) {
                   "loopback; only its holders see provider addresses")
       ->envname("XLOCO_HTTP_TOKEN");
   cmd->callback([a]() {
-    const auto cfg = common::load_config(a->config, a->overrides);
+    const auto cfg = inner::load_run_config(a->config, a->overrides);
     common::set_alloc_policy(common::AllocPolicy::kHead);
     // Under xloco local the head shares the cores with every rank: its BLAS threads must not
     // spin against theirs (XLOCO_RANKS_ON_HOST counts the ranks on this machine).

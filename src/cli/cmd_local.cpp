@@ -20,6 +20,7 @@
 #include "common/process.h"
 #include "net/keys.h"
 #include "outer/documents.h"
+#include "inner/data.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;
@@ -111,7 +112,7 @@ std::vector<std::string> worker_argv(const LocalArgs& a, int i, const std::strin
 int run_local(const LocalArgs& in) {
   LocalArgs a = in;
   if (a.providers > 0) a.overrides.push_back(fmt::format("outer.providers={}", a.providers));
-  const auto cfg = common::load_config(a.config, a.overrides);
+  const auto cfg = inner::load_run_config(a.config, a.overrides);
   const int K = cfg.outer.providers;
   const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
   const fs::path keys = run_dir / "keys";
@@ -205,7 +206,7 @@ void add_local_command(CLI::App& app) {
                   "start the providers in this order, half a second apart, e.g. 3,2,1,0 (the "
                   "run's result does not depend on it: a reproducibility check)")
       ->delimiter(',');
-  cmd->add_option("--init", a->init, "warm start θ from a checkpoint directory (see `xloco head --init`)")
+  cmd->add_option("--init", a->init, "warm start θ from a checkpoint (see `xloco head --init`)")
       ->check(CLI::ExistingDirectory);
   cmd->callback([a]() {
     const int rc = run_local(*a);

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "inner/checkpoint.h"
 #include "inner/runtime.h"
+#include "inner/tokenizer.h"
 
 namespace xloco::cli {
 
@@ -20,10 +21,11 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory")->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--prompt", a->prompt, "text to continue");
-  cmd->add_option("--tokens", a->tokens, "bytes to generate")->check(CLI::Range(1, 100000));
+  cmd->add_option("--tokens", a->tokens, "tokens to generate (bytes for a byte-level run)")
+      ->check(CLI::Range(1, 100000));
   cmd->add_option("--temperature", a->temperature, "0 = greedy")->check(CLI::Range(0.0, 10.0));
-  cmd->add_option("--top-k", a->top_k, "sample among the k most likely bytes (0 = all)")
-      ->check(CLI::Range(0, 256));
+  cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens (0 = all)")
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--seed", a->seed, "sampling seed");
   cmd->add_option("--device", a->device, "auto | cpu | cuda");
   cmd->callback([a]() {
@@ -32,9 +34,14 @@ void add_sample_command(CLI::App& app) {
                   "{} holds a {} model; sample needs a gpt", a->checkpoint,
                   common::to_string(loaded.config.model.kind));
     inner::configure_threads(loaded.config.run, 1);
-    const auto text = inner::generate(*loaded.model, a->prompt, a->tokens, a->temperature,
-                                      a->top_k, a->seed);
-    fmt::print("{}{}\n", a->prompt, text);
+    const auto tokenizer = inner::tokenizer_for(loaded.config.data);
+    XLOCO_ENFORCE(tokenizer != nullptr, common::IoError,
+                  "the run's data folder {} has no tokenizer.model to encode the prompt and decode "
+                  "the sample with (llm.c shards made elsewhere: use their tokenizer)",
+                  loaded.config.data.path);
+    const auto ids = inner::generate(*loaded.model, tokenizer->encode(a->prompt), a->tokens,
+                                     a->temperature, a->top_k, a->seed);
+    fmt::print("{}{}\n", a->prompt, tokenizer->decode(ids));
   });
 }
 

@@ -18,6 +18,7 @@
 #include "inner/checkpoint.h"
 #include "inner/runtime.h"
 #include "inner/trainer.h"
+#include "inner/data.h"
 
 namespace xloco::cli {
 namespace {
@@ -135,7 +136,7 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint");
   cmd->callback([a]() {
-    const auto cfg = common::load_config(a->config, a->overrides);
+    const auto cfg = inner::load_run_config(a->config, a->overrides);
     int rc;
     if (a->nproc > 1 && !is_rank_process()) {
       rc = launch_ranks(original_argv(), a->nproc, (fs::path(cfg.run.dir) / cfg.run.name).string());

@@ -14,6 +14,7 @@
 #include "net/keys.h"
 #include "net/zmq/transport.h"
 #include "outer/provider.h"
+#include "inner/data.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ void add_worker_command(CLI::App& app) {
       ->envname("XLOCO_SHARD");
   cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated link (loopback experiments only)")->envname("XLOCO_INSECURE");
   cmd->callback([a]() {
-    const auto cfg = common::load_config(a->config, a->overrides);
+    const auto cfg = inner::load_run_config(a->config, a->overrides);
     std::string name = a->name;
     if (name.empty()) {
       name = !a->key.empty() && fs::exists(a->key) ? fs::path(a->key).stem().string() : "provider";

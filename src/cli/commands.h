@@ -23,5 +23,7 @@ void add_worker_command(CLI::App& app);
 void add_local_command(CLI::App& app);
 void add_status_command(CLI::App& app);
 void add_config_command(CLI::App& app);
+void add_prepare_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 
 }  // namespace xloco::cli

@@ -25,8 +25,8 @@ struct Named {};  // an enum field: its names come from kNames<E>
 
 // Every enum's names, in enum order: the one place they are spelled.
 template <class E> constexpr std::array<const char*, 0> kNames{};
-template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist"};
-template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet"};
+template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist", "tokens"};
+template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet", "contiguous"};
 template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn"};
 template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4"};
 
@@ -51,6 +51,8 @@ void visit_fields(Config& c, Visitor&& v) {
   v("data.path", c.data.path, Choices{});
   v("data.cache_dir", c.data.cache_dir, Choices{});
   v("model.kind", c.model.kind, Named{});
+  v("model.preset", c.model.preset, Choices{"", "tiny", "gpt2-small", "gpt2-medium"});
+  v("model.vocab_size", c.model.vocab_size, Range{0, 1 << 24});
   v("model.d_model", c.model.d_model, Range{8, 65536});
   v("model.n_layer", c.model.n_layer, Range{1, 1024});
   v("model.n_head", c.model.n_head, Range{1, 1024});
@@ -170,16 +172,43 @@ void collect_leaves(const json& j, const std::string& prefix, std::vector<std::s
   }
 }
 
+// GPT-2's sizes (Radford et al. 2019, as nanoGPT and llm.c build them); `tiny` is the default.
+void apply_model_preset(const std::string& name, ModelConfig& m) {
+  struct Preset {
+    const char* name;
+    int d_model, n_layer, n_head, seq_len;
+  };
+  static constexpr Preset kPresets[] = {
+      {"tiny", 128, 4, 4, 128},
+      {"gpt2-small", 768, 12, 12, 1024},
+      {"gpt2-medium", 1024, 24, 16, 1024},
+  };
+  for (const auto& p : kPresets) {
+    if (name != p.name) continue;
+    m.d_model = p.d_model;
+    m.n_layer = p.n_layer;
+    m.n_head = p.n_head;
+    m.seq_len = p.seq_len;
+  }
+}
+
 void validate(const Config& c) {
   const auto& m = c.model;
   XLOCO_ENFORCE(m.d_model % m.n_head == 0, ConfigError,
                 "config: model.n_head = {} must divide model.d_model = {}", m.n_head, m.d_model);
-  if (c.data.dataset == DatasetKind::kKjv) {
+  if (c.data.dataset == DatasetKind::kKjv || c.data.dataset == DatasetKind::kTokens) {
+    const char* name = to_string(c.data.dataset);
     XLOCO_ENFORCE(m.kind == ModelKind::kGpt, ConfigError,
-                  "config: data.dataset = kjv needs model.kind = gpt, got {}", to_string(m.kind));
-    XLOCO_ENFORCE(c.data.sharding == Sharding::kIid || c.data.sharding == Sharding::kBooks,
-                  ConfigError, "config: data.sharding = {} is not valid for kjv; allowed: iid, books",
-                  to_string(c.data.sharding));
+                  "config: data.dataset = {} needs model.kind = gpt, got {}", name,
+                  to_string(m.kind));
+    XLOCO_ENFORCE(c.data.sharding == Sharding::kIid || c.data.sharding == Sharding::kBooks ||
+                      c.data.sharding == Sharding::kContiguous,
+                  ConfigError,
+                  "config: data.sharding = {} is not valid for {}; allowed: iid, contiguous (or "
+                  "books)", to_string(c.data.sharding), name);
+    XLOCO_ENFORCE(c.data.dataset != DatasetKind::kTokens || !c.data.path.empty(), ConfigError,
+                  "config: data.dataset = tokens needs data.path (the folder `xloco prepare` "
+                  "wrote)");
   } else {
     XLOCO_ENFORCE(m.kind == ModelKind::kCnn, ConfigError,
                   "config: data.dataset = fmnist needs model.kind = cnn, got {}", to_string(m.kind));
@@ -211,6 +240,10 @@ void validate(const Config& c) {
 Config parse_config(const json& j) {
   XLOCO_ENFORCE(j.is_object(), ConfigError, "config: top level must be a JSON object");
   Config c;
+  // A preset sets its model fields first; fields given next to it are parsed after and win.
+  if (const json* p = find_dotted(j, "model.preset"); p != nullptr && p->is_string()) {
+    apply_model_preset(p->get<std::string>(), c.model);
+  }
   std::set<std::string> known;
   visit_fields(c, [&](const std::string& key, auto& field, const auto& allowed) {
     known.insert(key);
@@ -305,6 +338,7 @@ std::string config_hash(const Config& c) {
   j["seed"] = c.run.seed;
   j["data"].erase("path");
   j["data"].erase("cache_dir");
+  j["model"].erase("preset");  // the fields it set are hashed themselves
   j["inner"].erase("bucket_kb");
   j["inner"].erase("log_every");
   j["inner"].erase("checkpoint_every");

@@ -13,8 +13,8 @@ namespace xloco::common {
 
 // The kinds a config chooses between, parsed from their names once at load; to_string gives
 // the name back (as written in JSON configs and in config.json).
-enum class DatasetKind { kKjv, kFmnist };
-enum class Sharding { kIid, kBooks, kDirichlet };
+enum class DatasetKind { kKjv, kFmnist, kTokens };
+enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
 enum class ModelKind { kGpt, kCnn };
 enum class CodecKind { kFp32, kBf16, kInt8, kInt4 };
 const char* to_string(DatasetKind kind);
@@ -32,19 +32,24 @@ struct RunConfig {
 };
 
 struct DataConfig {
-  DatasetKind dataset = DatasetKind::kKjv;  // kjv | fmnist
-  Sharding sharding = Sharding::kIid;       // kjv: iid | books; fmnist: iid | dirichlet
+  DatasetKind dataset = DatasetKind::kKjv;  // kjv | fmnist | tokens (llm.c token files)
+  Sharding sharding = Sharding::kIid;       // kjv, tokens: iid | contiguous (= books); fmnist: iid | dirichlet
   double dirichlet_alpha = 0.5;  // label skew for fmnist dirichlet sharding
-  std::string path = "";         // fmnist: IDX folder; kjv: text file ("" = from `bible`)
+  std::string path = "";         // fmnist: IDX folder; kjv: text file ("" = from `bible`);
+                                 // tokens: the folder `xloco prepare` wrote (or llm.c shards)
   std::string cache_dir = "";    // where the KJV text is cached ("" = $XDG_CACHE_HOME/xloco)
 };
 
 struct ModelConfig {
   ModelKind kind = ModelKind::kGpt;  // gpt | cnn
+  std::string preset = "";   // gpt: tiny | gpt2-small | gpt2-medium sets the fields below;
+                             // a field given next to it still wins
+  int vocab_size = 0;        // gpt: 0 = from the data (kjv: 256 bytes; tokens: meta.json);
+                             // larger pads the embedding (e.g. to a multiple of 64)
   int d_model = 128;         // gpt embedding width
   int n_layer = 4;           // gpt blocks
   int n_head = 4;            // gpt attention heads (divides d_model)
-  int seq_len = 128;         // gpt context length (bytes)
+  int seq_len = 128;         // gpt context length (tokens)
 };
 
 struct InnerConfig {

@@ -104,7 +104,7 @@ std::vector<int64_t> kjv_train_blocks(int64_t n_bytes, Shard shard, common::Shar
   std::vector<int64_t> out;
   const int64_t n = static_cast<int64_t>(train.size());
   for (int64_t t = 0; t < n; ++t) {
-    const bool mine = sharding == common::Sharding::kBooks ? (t * shard.count / n) == shard.index
+    const bool mine = sharding != common::Sharding::kIid ? (t * shard.count / n) == shard.index
                                           : t % shard.count == shard.index;
     if (mine) out.push_back(train[t]);
   }
@@ -354,6 +354,7 @@ std::vector<int64_t> fmnist_shard(const std::vector<uint8_t>& labels, Shard shar
 
 std::unique_ptr<Dataset> make_dataset(const common::Config& config, Shard shard) {
   if (config.data.dataset == common::DatasetKind::kKjv) return std::make_unique<KjvDataset>(config, shard);
+  if (config.data.dataset == common::DatasetKind::kTokens) return make_tokens_dataset(config, shard);
   return std::make_unique<FmnistDataset>(config, shard);
 }
 

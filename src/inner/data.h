@@ -1,6 +1,6 @@
 // Data sets of design §4 and their sharding across providers and ranks: KJV bytes (from
-// Debian's bible-kjv) for the gpt model, Fashion-MNIST (Debian's dataset-fashion-mnist) for the
-// cnn. Every batch is a pure function of (seed, provider, step, rank), so a resumed run sees
+// Debian's bible-kjv) and token files (`xloco prepare`, llm.c's format) for the gpt model,
+// Fashion-MNIST (Debian's dataset-fashion-mnist) for the cnn. Every batch is a pure function of (seed, provider, step, rank), so a resumed run sees
 // exactly the batches an uninterrupted one would, and R ranks split exactly one provider batch.
 #pragma once
 
@@ -37,6 +37,22 @@ class Dataset {
 };
 
 std::unique_ptr<Dataset> make_dataset(const common::Config& config, Shard shard);
+
+// The vocabulary the data needs: 256 for kjv, DIR/meta.json's (or DIR/tokenizer.model's) for
+// tokens, 0 when unknown (llm.c shards without either) or not a text data set. Throws IoError
+// naming both files when meta.json and tokenizer.model disagree.
+int64_t data_vocab_size(const common::DataConfig& data);
+// Fills model.vocab_size from the data when it is 0; refuses one smaller than the data's
+// vocabulary (ConfigError naming the file). Call right after loading a config, so the config
+// hash the head and its providers compare covers the vocabulary.
+void resolve_vocab(common::Config& config);
+// load_config, then resolve_vocab.
+common::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The tokens data set (tokens_data.cpp): windows from memory-mapped train files, 16 Ki-token
+// blocks dealt to providers; validation windows evenly spaced over the val files.
+constexpr int64_t kTokenBlock = 16 * 1024;
+std::unique_ptr<Dataset> make_tokens_dataset(const common::Config& config, Shard shard);
 
 // --- exposed for tests and tools -------------------------------------------------------------
 constexpr int64_t kKjvBlock = 64 * 1024;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "inner/data.h"
 
 namespace xloco::inner {
 namespace F = torch::nn::functional;
@@ -64,7 +65,7 @@ TORCH_MODULE(Block);
 
 struct TransformerImpl : torch::nn::Module {
   TransformerImpl(const common::ModelConfig& m) {
-    wte = register_module("wte", torch::nn::Embedding(256, m.d_model));
+    wte = register_module("wte", torch::nn::Embedding(m.vocab_size, m.d_model));
     wpe = register_module("wpe", torch::nn::Embedding(m.seq_len, m.d_model));
     h = register_module("h", torch::nn::ModuleList());
     for (int i = 0; i < m.n_layer; ++i) h->push_back(Block(m.d_model, m.n_head));
@@ -146,7 +147,11 @@ class Cnn : public Net {
 
 std::shared_ptr<Net> make_model(const common::Config& config) {
   torch::manual_seed(config.run.seed);
-  if (config.model.kind == common::ModelKind::kGpt) return std::make_shared<Gpt>(config.model);
+  if (config.model.kind == common::ModelKind::kGpt) {
+    common::Config c = config;
+    if (c.model.vocab_size == 0) resolve_vocab(c);  // configs written before model.vocab_size
+    return std::make_shared<Gpt>(c.model);
+  }
   return std::make_shared<Cnn>();
 }
 
@@ -156,17 +161,16 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return n;
 }
 
-std::string generate(Net& gpt, const std::string& prompt, int max_new, double temperature,
-                     int top_k, uint64_t seed) {
+std::vector<uint32_t> generate(Net& gpt, const std::vector<uint32_t>& prompt, int max_new,
+                               double temperature, int top_k, uint64_t seed) {
   XLOCO_ENFORCE(gpt.context_length() > 0, common::Error, "sampling needs a gpt model");
   torch::NoGradGuard guard;
   gpt.eval();
   auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
   const auto device = gpt.parameters().front().device();
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
-  for (auto& v : ids) v = static_cast<uint8_t>(v);
   if (ids.empty()) ids.push_back('\n');
-  std::string out;
+  std::vector<uint32_t> out;
   for (int i = 0; i < max_new; ++i) {
     const auto ctx = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.context_length());
     auto x = torch::tensor(std::vector<int64_t>(ids.end() - ctx, ids.end()), torch::kInt64)
@@ -184,7 +188,7 @@ std::string generate(Net& gpt, const std::string& prompt, int max_new, double te
       next = torch::multinomial(lg.softmax(-1), 1, false, gen).item<int64_t>();
     }
     ids.push_back(next);
-    out.push_back(static_cast<char>(next));
+    out.push_back(static_cast<uint32_t>(next));
   }
   return out;
 }

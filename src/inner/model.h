@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -17,7 +18,7 @@ class Net : public torch::nn::Module {
  public:
   // Mean cross-entropy of the batch (gpt: over every position; cnn: over images).
   virtual torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) = 0;
-  // gpt: logits [b, T, 256]; cnn: logits [b, 10].
+  // gpt: logits [b, T, vocab]; cnn: logits [b, 10].
   virtual torch::Tensor logits(const torch::Tensor& x) = 0;
   virtual int64_t context_length() const { return 0; }
 };
@@ -27,8 +28,9 @@ std::shared_ptr<Net> make_model(const common::Config& config);
 
 int64_t count_parameters(const torch::nn::Module& module);
 
-// GPT sampling: continues `prompt` by `max_new` bytes (temperature, top-k; seeded).
-std::string generate(Net& gpt, const std::string& prompt, int max_new, double temperature,
-                     int top_k, uint64_t seed);
+// GPT sampling: continues the token ids `prompt` by `max_new` tokens (temperature, top-k;
+// seeded); an empty prompt starts from token 10 (a newline in bytes).
+std::vector<uint32_t> generate(Net& gpt, const std::vector<uint32_t>& prompt, int max_new,
+                               double temperature, int top_k, uint64_t seed);
 
 }  // namespace xloco::inner

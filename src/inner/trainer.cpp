@@ -48,6 +48,10 @@ torch::Tensor from_blob(const common::TensorBlob& blob) {
     st = torch::kFloat64;
   } else if (blob.dtype == "I64") {
     st = torch::kInt64;
+  } else if (blob.dtype == "F16") {
+    st = torch::kHalf;
+  } else if (blob.dtype == "BF16") {
+    st = torch::kBFloat16;
   } else {
     throw common::IoError(fmt::format("tensor {}: unsupported dtype {}", blob.name, blob.dtype));
   }

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/metrics.h"
 #include "compress/torch_adapter.h"
+#include "inner/hf.h"
 #include "inner/data.h"
 #include "inner/model.h"
 #include "outer/sync.h"
@@ -31,7 +32,7 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       state_enc_(full_state_codec()) {
   opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel);
   if (!init.empty()) {
-    evaluator_->load_model(common::read_safetensors(init + "/model.safetensors"));
+    evaluator_->load_model(inner::load_init_weights(init));
     spdlog::info("warm start from {}", init);
   }
   theta_true_ = theta_pub().clone();

@@ -1,5 +1,4 @@
-#include <doctest/doctest.h>
-#include <torch/torch.h>
+#include "doctest_torch.h"
 #include <zlib.h>
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 // deadline, a duplicated message, the head restarted from its checkpoint. Assertions are on the
 // head's verdicts (HeadObserver), its round records and θ_pub hashes, never on log text.
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include "doctest_torch.h"
 
 #include <unistd.h>
 
@@ -33,7 +33,6 @@
 #include "outer/provider.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
-#include <doctest/doctest.h>
 
 using namespace xloco;
 using namespace std::chrono_literals;

@@ -1,7 +1,7 @@
 // The head's membership rules and its aggregation, and the provider leader's rules: pure
 // functions with an injected clock, no sockets. One case per rule, each failing if its rule is
 // taken out.
-#include <torch/torch.h>
+#include "doctest_torch.h"
 
 #include <chrono>
 #include <cstring>
@@ -16,7 +16,6 @@
 #include "common/log_limit.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
-#include <doctest/doctest.h>
 
 using namespace xloco;
 using namespace xloco::outer;

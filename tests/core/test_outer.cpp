@@ -1,7 +1,7 @@
 // The DiLoCo outer loop: decisions with an injected clock, the outer optimizer against
 // torch::optim::SGD, and whole runs of `xloco local` / `xloco head` on loopback.
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include "doctest_torch.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -27,7 +27,6 @@
 #include "outer/round.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
-#include <doctest/doctest.h>
 
 using namespace xloco;
 namespace fs = std::filesystem;

@@ -78,6 +78,8 @@ for dockerfile, extra in (("deploy/Dockerfile", None), ("deploy/Dockerfile.cuda"
         check("install -m 755 /opt/xloco/build/src/cli/xloco /usr/local/bin/xloco" in runs[build_at],
               f"{dockerfile} installs the xloco binary that make build built")
         check("cp configs/*.json /opt/xloco/configs/" in runs[build_at], f"{dockerfile} ships configs/")
+        check("install -m 644 /opt/xloco/build/src/cli/libxloco_spm.so /usr/local/lib/libxloco_spm.so && ldconfig" in runs[build_at],
+              f"{dockerfile} installs the SentencePiece module (xloco prepare, tokens runs) where dlopen finds it")
         if extra:
             check(extra in runs[build_at], f"{dockerfile} builds against the LibTorch in CMAKE_PREFIX_PATH")
 
