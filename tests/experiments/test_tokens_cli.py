@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""ctest tokens.cli: bring-your-own-text end to end through the xloco binary.
+
+`xloco prepare` on a folder of text; the token files read back by a plain-Python llm.c reader
+equal SentencePiece's own `spm_encode` on the same text with the same tokenizer; `xloco train`
+on them (the tokens data set); `xloco eval` in nats per byte with --logits-out; `xloco sample`
+decodes words; `xloco export --format hf` loads into an independent GPT-2 (tests/hf_gpt2_reader.py)
+whose logits match xloco's to 1e-4; bad shards, a missing data path and a tokenizer that
+contradicts --vocab-size are refused with errors that name the file."""
+import json
+import math
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from array import array
+from pathlib import Path
+
+SRC = Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+XLOCO = os.environ.get("XLOCO_BIN", str(SRC / "build/src/cli/xloco"))
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def xloco(*args, cwd=None):
+    res = subprocess.run([XLOCO, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return res.returncode, res.stdout + res.stderr
+
+
+def read_llmc(path):
+    """llm.c's token file: 256 int32 header (magic, version, count), then the tokens."""
+    data = Path(path).read_bytes()
+    magic, version, count = struct.unpack("<3i", data[:12])
+    kind = {(20240520, 1): "H", (20240801, 7): "I"}[(magic, version)]
+    tokens = array(kind)
+    tokens.frombytes(data[1024:])
+    assert len(tokens) == count, f"{path}: header says {count} tokens, body has {len(tokens)}"
+    return list(tokens)
+
+
+def torch_python():
+    """An interpreter with torch (python3-torch is Debian's, under /usr/bin/python3)."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        if subprocess.run([exe, "-c", "import torch"], capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
+def text(seed, lines):
+    rng = random.Random(seed)
+    words = ["the", "and", "of", "LORD", "unto", "said", "God", "land", "people", "house", "king",
+             "children", "Israel", "earth", "shall", "thee", "thou", "which", "café", "1611", "über"]
+    syl = ["ka", "lo", "mi", "tha", "ne", "ru", "sh", "ei", "qu", "on"]
+    out = []
+    for _ in range(lines):
+        ws = [rng.choice(words) if rng.random() < 0.7 else "".join(rng.choice(syl) for _ in range(rng.randint(1, 4)))
+              for _ in range(rng.randint(3, 18))]
+        out.append(" ".join(ws) + rng.choice([".", ",", ";", ":", ""]) + "\n")
+        if rng.random() < 0.1:
+            out.append("\n")
+    return "".join(out)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    tmp = Path(tmp)
+    src = tmp / "corpus"
+    (src / "b").mkdir(parents=True)
+    (src / "a.txt").write_text(text(1, 3000))
+    (src / "b" / "c.txt").write_text(text(2, 1500))
+    data = tmp / "data"
+    rc, out = xloco("prepare", "--input", src, "--out", data, "--vocab-size", 500, "--val-fraction", 0.2)
+    print(out[-2000:])
+    check(rc == 0, "xloco prepare ran")
+    if rc != 0:
+        sys.exit(1)
+    check("round trip byte-exact" in out and "MB/s" in out, "prepare reports the round trip and its rate")
+    meta = json.loads((data / "meta.json").read_text())
+    check(meta["vocab_size"] == 500 and len(meta["sources"]) == 2, "meta.json: vocabulary and both sources")
+
+    # The token stream, put back in order from the train and val files by meta.json's rule.
+    train = [t for f in meta["train"]["files"] for t in read_llmc(data / f)]
+    val = [t for f in meta["val"]["files"] for t in read_llmc(data / f)]
+    check(len(val) > 0 and len(train) > 5 * len(val), f"a validation split ({len(val)} of {len(train) + len(val)} tokens)")
+    block, frac = meta["split_block_tokens"], meta["val_fraction"]
+    stream, ti, vi, j = [], 0, 0, 0
+    while ti < len(train) or vi < len(val):
+        if math.floor((j + 1) * frac) > math.floor(j * frac):
+            stream += val[vi:vi + block]
+            vi += block
+        else:
+            stream += train[ti:ti + block]
+            ti += block
+        j += 1
+    # SentencePiece's own encoder, line by line (it drops newlines: xloco encodes them as the
+    # byte piece <0x0A>), files in path order, each followed by the eos token.
+    vocab = subprocess.run(["spm_export_vocab", f"--model={data / 'tokenizer.model'}"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    pieces = [line.split("\t")[0] for line in vocab]
+    newline, eos = pieces.index("<0x0A>"), pieces.index("</s>")
+    expected = []
+    for f in (src / "a.txt", src / "b" / "c.txt"):
+        ids = subprocess.run(["spm_encode", f"--model={data / 'tokenizer.model'}", "--output_format=id"],
+                             stdin=open(f), capture_output=True, text=True, check=True).stdout.splitlines()
+        for line in ids:
+            expected += [int(t) for t in line.split()] + [newline]
+        expected.append(eos)
+    check(stream == expected, f"the llm.c files hold exactly spm_encode's tokens ({len(stream)} tokens)")
+
+    # Train on it, evaluate in nats per byte, sample, export.
+    sets = ["data.dataset=tokens", f"data.path={data}", "model.d_model=64", "model.n_layer=2",
+            "model.n_head=4", "model.seq_len=64", "inner.batch_size=8", "inner.steps=60",
+            "inner.warmup_steps=5", "inner.eval_every=0", "inner.log_every=20", "run.name=tok",
+            "run.threads=1"]
+    rc, out = xloco("train", "--config", SRC / "configs/kjv-tiny.json", *[a for s in sets for a in ("--set", s)], cwd=tmp)
+    print(out[-1500:])
+    check(rc == 0 and "vocabulary 500" in out, "xloco train on the tokens data set (vocabulary from meta.json)")
+    ckpt = tmp / "runs/tok/ckpt/step-0000060"
+    rc, out = xloco("eval", "--checkpoint", ckpt, "--logits-out", tmp / "logits.safetensors")
+    print(out)
+    check(rc == 0 and "nats per byte" in out, "xloco eval reports nats per byte")
+    loss = float(out.split("eval loss ")[1].split()[0])
+    npb = float(out.split("| ")[1].split()[0])
+    bpt = float(out.split("(")[1].split()[0])
+    check(abs(npb - loss / bpt) < 1e-3 and 1.5 < bpt < 6, f"nats per byte = loss / bytes per token ({npb} = {loss} / {bpt})")
+    rc, out = xloco("sample", "--checkpoint", ckpt, "--prompt", "the LORD", "--tokens", 30, "--temperature", 0.3)
+    print(f"rc {rc}: {out}")
+    corpus_words = set((src / "a.txt").read_text().split())
+    new = out[len("the LORD"):].split()
+    check(rc == 0 and out.startswith("the LORD") and sum(w.strip(".,;:") in corpus_words for w in new) >= 3,
+          f"xloco sample decodes words of the corpus through the run's tokenizer ({new})")
+    hf = tmp / "hf"
+    rc, out = xloco("export", "--checkpoint", ckpt, "--format", "hf", "--out", hf)
+    print(f"rc {rc}: {out}")
+    check(rc == 0 and (hf / "tokenizer.model").exists() and (hf / "config.json").exists(), "xloco export --format hf")
+    py = torch_python()
+    check(py is not None, "a python3 with torch (python3-torch) for the independent reader")
+    if py:
+        res = subprocess.run([py, SRC / "tests/hf_gpt2_reader.py", hf, tmp / "logits.safetensors", "--tol", "1e-4"],
+                             capture_output=True, text=True)
+        print(res.stdout, res.stderr[-2000:])
+        check(res.returncode == 0, "an independent GPT-2 on the export matches xloco's logits to 1e-4")
+
+    # Refusals that name the file.
+    rc, out = xloco("train", "--config", SRC / "configs/kjv-tiny.json", "--set", "data.dataset=tokens",
+                    "--set", f"data.path={tmp / 'nowhere'}", cwd=tmp)
+    check(rc == 2 and str(tmp / "nowhere") in out and "does not exist" in out, f"a missing data path is named: {out.strip()[-200:]}")
+    bad = tmp / "bad"
+    shutil.copytree(data, bad)
+    raw = bytearray((bad / meta["val"]["files"][0]).read_bytes())
+    raw[0:4] = struct.pack("<i", 12345)
+    (bad / meta["val"]["files"][0]).write_bytes(bytes(raw))
+    rc, out = xloco(
+        "train", "--config", SRC / "configs/kjv-tiny.json", *[a for s in sets[2:] + ["data.dataset=tokens", f"data.path={bad}"] for a in ("--set", s)], cwd=tmp)
+    check(rc == 2 and "val_000000.bin: bad magic 12345 at byte offset 0" in out, f"a shard with a bad magic is named: {out.strip()[-200:]}")
+    rc, out = xloco("prepare", "--input", src, "--out", tmp / "again", "--tokenizer", data / "tokenizer.model", "--vocab-size", 800)
+    check(rc == 2 and "--vocab-size 800 does not match the tokenizer" in out and "tokenizer.model (500 pieces)" in out,
+          f"a tokenizer that contradicts --vocab-size is refused: {out.strip()[-200:]}")
+
+print(f"{len(failures)} failure(s)" if failures else "all checks passed")
+sys.exit(1 if failures else 0)
