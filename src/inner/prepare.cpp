@@ -284,18 +284,11 @@ std::vector<std::string> list_inputs(const std::vector<std::string>& inputs) {
   return files;
 }
 
-PrepareReport prepare_tokens(const PrepareOptions& o,
-                             const std::function<void(const std::string&)>& progress) {
-  XLOCO_ENFORCE(sodium_init() >= 0, common::Error, "libsodium failed to initialise");
-  XLOCO_ENFORCE(o.val_fraction >= 0 && o.val_fraction < 1, ConfigError,
-                "--val-fraction {} must be in [0, 1)", o.val_fraction);
-  XLOCO_ENFORCE(o.shard_tokens > 0, ConfigError, "shard size {} must be positive", o.shard_tokens);
-  const auto files = list_inputs(o.inputs);
-  XLOCO_ENFORCE(o.overwrite || !fs::exists(o.out), ConfigError,
-                "{} already exists; pass --overwrite to replace it", o.out);
-  const std::string tmp = o.out + ".tmp";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+namespace {
+
+PrepareReport prepare_into(const PrepareOptions& o, const std::vector<std::string>& files,
+                           const std::string& tmp,
+                           const std::function<void(const std::string&)>& progress) {
   const int threads = o.threads > 0 ? o.threads
                                     : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   PrepareReport report;
@@ -363,6 +356,31 @@ PrepareReport prepare_tokens(const PrepareOptions& o,
       {"sources", sources},
   };
   common::write_file_atomic((fs::path(tmp) / "meta.json").string(), meta.dump(1) + "\n");
+  return report;
+}
+
+}  // namespace
+
+PrepareReport prepare_tokens(const PrepareOptions& o,
+                             const std::function<void(const std::string&)>& progress) {
+  XLOCO_ENFORCE(sodium_init() >= 0, common::Error, "libsodium failed to initialise");
+  XLOCO_ENFORCE(o.val_fraction >= 0 && o.val_fraction < 1, ConfigError,
+                "--val-fraction {} must be in [0, 1)", o.val_fraction);
+  XLOCO_ENFORCE(o.shard_tokens > 0, ConfigError, "shard size {} must be positive", o.shard_tokens);
+  const auto files = list_inputs(o.inputs);
+  XLOCO_ENFORCE(o.overwrite || !fs::exists(o.out), ConfigError,
+                "{} already exists; pass --overwrite to replace it", o.out);
+  const std::string tmp = o.out + ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  PrepareReport report;
+  try {
+    report = prepare_into(o, files, tmp, progress);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);  // a failed preparation leaves nothing behind
+    throw;
+  }
   if (fs::exists(o.out)) fs::remove_all(o.out);
   fs::rename(tmp, o.out);
   common::fsync_dir(fs::absolute(o.out).parent_path().string());

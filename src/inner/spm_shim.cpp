@@ -65,6 +65,7 @@ int xspm_piece_size(void* sp) { return static_cast<Processor*>(sp)->GetPieceSize
 int xspm_eos_id(void* sp) { return static_cast<Processor*>(sp)->eos_id(); }
 int xspm_is_control(void* sp, int id) { return static_cast<Processor*>(sp)->IsControl(id); }
 int xspm_is_byte(void* sp, int id) { return static_cast<Processor*>(sp)->IsByte(id); }
+int xspm_is_unknown(void* sp, int id) { return static_cast<Processor*>(sp)->IsUnknown(id); }
 const char* xspm_id_to_piece(void* sp, int id) {
   return static_cast<Processor*>(sp)->IdToPiece(id).c_str();
 }
@@ -80,19 +81,6 @@ long xspm_encode(void* sp, const char* text, size_t size, int** ids, char* err, 
   }
   *ids = static_cast<int*>(std::malloc(std::max<size_t>(1, out.size()) * sizeof(int)));
   std::copy(out.begin(), out.end(), *ids);
-  return static_cast<long>(out.size());
-}
-
-// Decodes into a malloc'd buffer the caller frees with free(); returns its size or -1.
-long xspm_decode(void* sp, const int* ids, size_t n, char** text, char* err, size_t err_size) {
-  std::string out;
-  const auto status = static_cast<Processor*>(sp)->Decode(std::vector<int>(ids, ids + n), &out);
-  if (!status.ok()) {
-    set_error(err, err_size, status.ToString());
-    return -1;
-  }
-  *text = static_cast<char*>(std::malloc(std::max<size_t>(1, out.size())));
-  std::memcpy(*text, out.data(), out.size());
   return static_cast<long>(out.size());
 }
 

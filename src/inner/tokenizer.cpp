@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <mutex>
 
@@ -46,9 +47,9 @@ struct Spm {
   int (*eos_id)(void*);
   int (*is_control)(void*, int);
   int (*is_byte)(void*, int);
+  int (*is_unknown)(void*, int);
   const char* (*id_to_piece)(void*, int);
   long (*encode)(void*, const char*, size_t, int**, char*, size_t);
-  long (*decode)(void*, const int*, size_t, char**, char*, size_t);
   long (*train)(const char* const*, size_t, int (*)(void*, const char**, size_t*), void*, char**,
                 char*, size_t);
 };
@@ -97,9 +98,9 @@ const Spm& spm() {
       bind(lib, "xspm_eos_id", api.eos_id);
       bind(lib, "xspm_is_control", api.is_control);
       bind(lib, "xspm_is_byte", api.is_byte);
+      bind(lib, "xspm_is_unknown", api.is_unknown);
       bind(lib, "xspm_id_to_piece", api.id_to_piece);
       bind(lib, "xspm_encode", api.encode);
-      bind(lib, "xspm_decode", api.decode);
       bind(lib, "xspm_train", api.train);
     } catch (const std::exception& e) {
       failure = e.what();
@@ -109,55 +110,113 @@ const Spm& spm() {
   return api;
 }
 
+// Length of the longest prefix of [p, p + n) that is valid UTF-8 (RFC 3629: no overlongs, no
+// surrogates, nothing above U+10FFFF).
+size_t valid_utf8_prefix(const unsigned char* p, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return i;
+    }
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return i;
+    }
+    i += len;
+  }
+  return n;
+}
+
+// Encoding goes through SentencePiece. Decoding is the concatenation of each piece's bytes (its
+// text with U+2581 as a space; a byte piece <0xNN> is the raw byte; control pieces nothing): for a
+// model without a dummy prefix or normalization (xloco prepare's) that is exactly SentencePiece's
+// decode, and unlike it, it gives back bytes that are not UTF-8, which encode() sends to the byte
+// pieces one by one.
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  SentencePieceTokenizer(void* sp, std::string origin) : sp_(sp), origin_(std::move(origin)) {}
+  SentencePieceTokenizer(void* sp, std::string origin) : sp_(sp), origin_(std::move(origin)) {
+    static const std::string kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
+    const int size = spm().piece_size(sp_);
+    surface_.resize(static_cast<size_t>(size));
+    byte_id_.fill(-1);
+    for (int id = 0; id < size; ++id) {
+      const std::string piece = spm().id_to_piece(sp_, id);
+      if (spm().is_control(sp_, id)) continue;
+      if (spm().is_byte(sp_, id)) {  // "<0xNN>"
+        const auto b = static_cast<unsigned char>(std::stoi(piece.substr(3, 2), nullptr, 16));
+        surface_[id] = std::string(1, static_cast<char>(b));
+        byte_id_[b] = id;
+        continue;
+      }
+      if (spm().is_unknown(sp_, id)) {
+        surface_[id] = " \xe2\x81\x87 ";  // SentencePiece's rendering of <unk>
+        continue;
+      }
+      std::string text;
+      for (size_t at = 0; at < piece.size();) {
+        if (piece.compare(at, kSpace.size(), kSpace) == 0) {
+          text += ' ';
+          at += kSpace.size();
+        } else {
+          text += piece[at++];
+        }
+      }
+      surface_[id] = std::move(text);
+    }
+  }
   ~SentencePieceTokenizer() override { spm().free_processor(sp_); }
   SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
 
   std::vector<uint32_t> encode(const std::string& text) const override {
-    int* ids = nullptr;
-    char err[512] = "";
-    const long n = spm().encode(sp_, text.data(), text.size(), &ids, err, sizeof err);
-    XLOCO_ENFORCE(n >= 0, common::Error, "SentencePiece encode ({}): {}", origin_, err);
-    std::vector<uint32_t> out(ids, ids + n);
-    std::free(ids);
+    std::vector<uint32_t> out;
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    for (size_t at = 0; at < text.size();) {
+      const size_t valid = valid_utf8_prefix(p + at, text.size() - at);
+      if (valid > 0) {
+        encode_valid(text.data() + at, valid, out);
+        at += valid;
+        continue;
+      }
+      XLOCO_ENFORCE(byte_id_[p[at]] >= 0, common::Error,
+                    "byte 0x{:02x} is not UTF-8 and the tokenizer {} has no byte fallback piece "
+                    "for it", p[at], origin_);
+      out.push_back(static_cast<uint32_t>(byte_id_[p[at]]));
+      ++at;
+    }
     return out;
   }
   std::string decode(const std::vector<uint32_t>& ids) const override {
-    const int size = spm().piece_size(sp_);
+    std::string out;
     for (uint32_t id : ids) {
-      XLOCO_ENFORCE(id < static_cast<uint32_t>(size), common::Error,
-                    "token {} is outside the vocabulary of {} ({})", id, size, origin_);
+      XLOCO_ENFORCE(id < surface_.size(), common::Error,
+                    "token {} is outside the vocabulary of {} ({})", id, surface_.size(), origin_);
+      out += surface_[id];
     }
-    const std::vector<int> in(ids.begin(), ids.end());
-    char* text = nullptr;
-    char err[512] = "";
-    const long n = spm().decode(sp_, in.data(), in.size(), &text, err, sizeof err);
-    XLOCO_ENFORCE(n >= 0, common::Error, "SentencePiece decode ({}): {}", origin_, err);
-    std::string out(text, static_cast<size_t>(n));
-    std::free(text);
     return out;
   }
-  int64_t vocab_size() const override { return spm().piece_size(sp_); }
+  int64_t vocab_size() const override { return static_cast<int64_t>(surface_.size()); }
   int64_t eos_id() const override { return spm().eos_id(sp_); }
   std::vector<uint8_t> token_bytes() const override {
-    static const std::string kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
-    const int size = spm().piece_size(sp_);
-    std::vector<uint8_t> out(static_cast<size_t>(size));
-    for (int id = 0; id < size; ++id) {
-      if (spm().is_control(sp_, id)) continue;
-      if (spm().is_byte(sp_, id)) {
-        out[id] = 1;
-        continue;
-      }
-      const std::string piece = spm().id_to_piece(sp_, id);
-      size_t n = piece.size();
-      for (auto at = piece.find(kSpace); at != std::string::npos; at = piece.find(kSpace, at + 3)) {
-        n -= 2;
-      }
-      out[id] = static_cast<uint8_t>(std::min<size_t>(n, 255));
+    std::vector<uint8_t> out(surface_.size());
+    for (size_t id = 0; id < surface_.size(); ++id) {
+      out[id] = static_cast<uint8_t>(std::min<size_t>(surface_[id].size(), 255));
     }
     return out;
   }
@@ -166,8 +225,19 @@ class SentencePieceTokenizer : public Tokenizer {
   }
 
  private:
+  void encode_valid(const char* text, size_t n, std::vector<uint32_t>& out) const {
+    int* ids = nullptr;
+    char err[512] = "";
+    const long count = spm().encode(sp_, text, n, &ids, err, sizeof err);
+    XLOCO_ENFORCE(count >= 0, common::Error, "SentencePiece encode ({}): {}", origin_, err);
+    out.insert(out.end(), ids, ids + count);
+    std::free(ids);
+  }
+
   void* sp_;
   std::string origin_;
+  std::vector<std::string> surface_;  // the bytes each piece decodes to
+  std::array<int, 256> byte_id_;      // the byte-fallback piece of each byte, -1 if none
 };
 
 struct LineSource {

@@ -255,7 +255,11 @@ TEST_SUITE("tokens") {
   TEST_CASE("xloco prepare: deterministic, byte-exact round trip, tokenizer/vocab mismatch refused") {
     test::ScratchDir dir("prepare");
     fs::create_directories(dir.path / "in" / "sub");
-    const std::string a = synthetic_text(300000, 1), b = synthetic_text(120000, 2);
+    // b holds bytes that are not UTF-8 (a cp1252 apostrophe, a lone continuation byte, 0xff):
+    // they must round-trip too, through the byte pieces.
+    const std::string a = synthetic_text(300000, 1),
+                      b = synthetic_text(60000, 2) + "the stock market\x92s drop \x80\xff caf\xe9\n" +
+                          synthetic_text(60000, 4);
     write_text(dir.path / "in" / "a.txt", a);
     write_text(dir.path / "in" / "sub" / "b.txt", b);
     inner::PrepareOptions o;

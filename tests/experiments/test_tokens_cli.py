@@ -8,7 +8,6 @@ decodes words; `xloco export --format hf` loads into an independent GPT-2 (tests
 whose logits match xloco's to 1e-4; bad shards, a missing data path and a tokenizer that
 contradicts --vocab-size are refused with errors that name the file."""
 import json
-import math
 import os
 import random
 import shutil
@@ -16,11 +15,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-from array import array
 from pathlib import Path
 
 SRC = Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2]))
 XLOCO = os.environ.get("XLOCO_BIN", str(SRC / "build/src/cli/xloco"))
+sys.path.insert(0, str(SRC / "tests"))
+from llmc_reader import spm_tokens, stream  # noqa: E402
+
 failures = []
 
 
@@ -33,17 +34,6 @@ def check(ok, what):
 def xloco(*args, cwd=None):
     res = subprocess.run([XLOCO, *map(str, args)], capture_output=True, text=True, cwd=cwd)
     return res.returncode, res.stdout + res.stderr
-
-
-def read_llmc(path):
-    """llm.c's token file: 256 int32 header (magic, version, count), then the tokens."""
-    data = Path(path).read_bytes()
-    magic, version, count = struct.unpack("<3i", data[:12])
-    kind = {(20240520, 1): "H", (20240801, 7): "I"}[(magic, version)]
-    tokens = array(kind)
-    tokens.frombytes(data[1024:])
-    assert len(tokens) == count, f"{path}: header says {count} tokens, body has {len(tokens)}"
-    return list(tokens)
 
 
 def torch_python():
@@ -85,34 +75,12 @@ with tempfile.TemporaryDirectory() as tmp:
     meta = json.loads((data / "meta.json").read_text())
     check(meta["vocab_size"] == 500 and len(meta["sources"]) == 2, "meta.json: vocabulary and both sources")
 
-    # The token stream, put back in order from the train and val files by meta.json's rule.
-    train = [t for f in meta["train"]["files"] for t in read_llmc(data / f)]
-    val = [t for f in meta["val"]["files"] for t in read_llmc(data / f)]
-    check(len(val) > 0 and len(train) > 5 * len(val), f"a validation split ({len(val)} of {len(train) + len(val)} tokens)")
-    block, frac = meta["split_block_tokens"], meta["val_fraction"]
-    stream, ti, vi, j = [], 0, 0, 0
-    while ti < len(train) or vi < len(val):
-        if math.floor((j + 1) * frac) > math.floor(j * frac):
-            stream += val[vi:vi + block]
-            vi += block
-        else:
-            stream += train[ti:ti + block]
-            ti += block
-        j += 1
-    # SentencePiece's own encoder, line by line (it drops newlines: xloco encodes them as the
-    # byte piece <0x0A>), files in path order, each followed by the eos token.
-    vocab = subprocess.run(["spm_export_vocab", f"--model={data / 'tokenizer.model'}"],
-                           capture_output=True, text=True, check=True).stdout.splitlines()
-    pieces = [line.split("\t")[0] for line in vocab]
-    newline, eos = pieces.index("<0x0A>"), pieces.index("</s>")
-    expected = []
-    for f in (src / "a.txt", src / "b" / "c.txt"):
-        ids = subprocess.run(["spm_encode", f"--model={data / 'tokenizer.model'}", "--output_format=id"],
-                             stdin=open(f), capture_output=True, text=True, check=True).stdout.splitlines()
-        for line in ids:
-            expected += [int(t) for t in line.split()] + [newline]
-        expected.append(eos)
-    check(stream == expected, f"the llm.c files hold exactly spm_encode's tokens ({len(stream)} tokens)")
+    # The token stream, put back in order from the train and val files by meta.json's rule,
+    # against SentencePiece's own encoder on the same files (tests/llmc_reader.py).
+    tokens, n_train, n_val = stream(data)
+    check(n_val > 0 and n_train > 3 * n_val, f"a validation split ({n_val} of {n_train + n_val} tokens)")
+    expected = spm_tokens(data / "tokenizer.model", [src / "a.txt", src / "b" / "c.txt"])
+    check(tokens == expected, f"the llm.c files hold exactly spm_encode's tokens ({len(tokens)} tokens)")
 
     # Train on it, evaluate in nats per byte, sample, export.
     sets = ["data.dataset=tokens", f"data.path={data}", "model.d_model=64", "model.n_layer=2",
@@ -163,6 +131,14 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = xloco("prepare", "--input", src, "--out", tmp / "again", "--tokenizer", data / "tokenizer.model", "--vocab-size", 800)
     check(rc == 2 and "--vocab-size 800 does not match the tokenizer" in out and "tokenizer.model (500 pieces)" in out,
           f"a tokenizer that contradicts --vocab-size is refused: {out.strip()[-200:]}")
+
+    # A tokenizer that cannot reproduce the bytes (SentencePiece's defaults: NFKC normalization and
+    # a dummy prefix) is refused with the offset where decoding differs, and nothing is written.
+    subprocess.run(["spm_train", f"--input={src / 'a.txt'}", f"--model_prefix={tmp / 'lossy'}",
+                    "--vocab_size=400", "--model_type=bpe", "--minloglevel=2"], capture_output=True, check=True)
+    rc, out = xloco("prepare", "--input", src, "--out", tmp / "lossy-data", "--tokenizer", tmp / "lossy.model")
+    check(rc == 2 and "does not reproduce the text from byte offset" in out and "a.txt" in out
+          and not (tmp / "lossy-data").exists(), f"a lossy tokenizer is refused: {out.strip()[-240:]}")
 
 print(f"{len(failures)} failure(s)" if failures else "all checks passed")
 sys.exit(1 if failures else 0)
