@@ -339,6 +339,11 @@ std::string config_hash(const Config& c) {
   j["data"].erase("path");
   j["data"].erase("cache_dir");
   j["model"].erase("preset");  // the fields it set are hashed themselves
+  // A byte-level run hashes as it did before model.vocab_size existed, so that its checkpoints
+  // and saved provider states still resume after an upgrade.
+  if (c.model.vocab_size == 0 || (c.data.dataset == DatasetKind::kKjv && c.model.vocab_size == 256)) {
+    j["model"].erase("vocab_size");
+  }
   j["inner"].erase("bucket_kb");
   j["inner"].erase("log_every");
   j["inner"].erase("checkpoint_every");

@@ -374,6 +374,14 @@ TEST_SUITE("tokens") {
     CHECK(c.model.d_model == 1024);
     CHECK(c.model.n_layer == 2);  // the explicit field wins
     CHECK(common::parse_config(common::to_json(c)).model.n_layer == 2);  // and survives a dump
+    // Hashes: a preset hashes as its fields; a byte-level run as before model.vocab_size.
+    common::Config spelled = c, kjv0, kjv256;
+    spelled.model.preset = "";
+    CHECK(common::config_hash(spelled) == common::config_hash(c));
+    kjv256.model.vocab_size = 256;
+    CHECK(common::config_hash(kjv0) == common::config_hash(kjv256));
+    kjv256.model.vocab_size = 512;
+    CHECK(common::config_hash(kjv0) != common::config_hash(kjv256));
     j["model"]["preset"] = "gpt3";
     CHECK(error_of([&] { common::parse_config(j); }).find("model.preset") != std::string::npos);
   }
