@@ -2,7 +2,8 @@
 # ctest deploy.rehearse (label netns): deploy/rehearse.sh runs a short job with the head and 3
 # providers each in its own network namespace, over 100 Mbit/s links, configured only through
 # XLOCO_* variables; the head's status, read over a provider's link, must list all 3 providers
-# as active from their own namespace addresses. Skipped (77) when not root or without ip netns.
+# as active from their own namespace addresses (32-token windows keep it short). Skipped (77) when
+# not root or without ip netns.
 set -euo pipefail
 SRC=${XLOCO_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 XLOCO=${XLOCO_BIN:-$SRC/build/src/cli/xloco}
@@ -13,7 +14,7 @@ set +e
 bash "$SRC/deploy/rehearse.sh" --xloco "$XLOCO" --config "$SRC/configs/kjv-tiny.json" --providers 3 \
   --rate 100mbit --name ctest-rehearsal --timeout 300 \
   --set inner.steps=40 --set inner.warmup_steps=5 --set outer.inner_steps=10 --set inner.log_every=10 \
-  --set inner.eval_batches=2 --set outer.eval_every=2 --set outer.checkpoint_every=2
+  --set inner.eval_batches=2 --set outer.eval_every=2 --set outer.checkpoint_every=2 --set model.seq_len=32
 rc=$?
 set -e
 [ $rc -ne 77 ] || exit 77
