@@ -38,7 +38,7 @@ using test::slurp;
 namespace {
 
 using Clock = outer::Clock;
-Clock::time_point at(double s) {
+Clock::time_point tp(double s) {
   return Clock::time_point{} + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
@@ -184,21 +184,21 @@ TEST_SUITE("elastic_rules") {
     c.min_providers = 2;
     outer::RoundState s;
     s.round = 7;
-    s.started = at(1000);
+    s.started = tp(1000);
     s.deadline_s = 15;
     s.active = {"a", "b", "c"};
     s.contributed = {{"a", 1}, {"b", 1}};
-    CHECK(outer::decide(at(1014), s, c).action == outer::RoundAction::kWait);
-    const auto d = outer::decide(at(1015.1), s, c);
+    CHECK(outer::decide(tp(1014), s, c).action == outer::RoundAction::kWait);
+    const auto d = outer::decide(tp(1015.1), s, c);
     CHECK(d.action == outer::RoundAction::kClose);
     CHECK(d.reason.find("deadline (15.0s)") != std::string::npos);
     CHECK(d.reason.find("missing c") != std::string::npos);
     s.contributed.erase("b");  // past the deadline with 1 < min_providers: wait, saying why
-    const auto w = outer::decide(at(1020), s, c);
+    const auto w = outer::decide(tp(1020), s, c);
     CHECK(w.action == outer::RoundAction::kWait);
     CHECK(w.reason.find("past the deadline") != std::string::npos);
     CHECK(w.overdue);
-    CHECK(!outer::decide(at(1014), s, c).overdue);  // before the deadline: not overdue
+    CHECK(!outer::decide(tp(1014), s, c).overdue);  // before the deadline: not overdue
   }
 
   TEST_CASE("a round does not wait for its stragglers, but counts them when they come in time") {
@@ -206,20 +206,20 @@ TEST_SUITE("elastic_rules") {
     c.min_providers = 1;
     c.round_timeout_s = 100;
     outer::RoundState s;
-    s.started = at(0);
+    s.started = tp(0);
     s.active = {"a", "b", "slow"};
     s.optional = {"slow"};
     s.contributed = {{"a", 1}};
-    CHECK(outer::decide(at(1), s, c).action == outer::RoundAction::kWait);
+    CHECK(outer::decide(tp(1), s, c).action == outer::RoundAction::kWait);
     s.contributed["b"] = 1;
-    const auto d = outer::decide(at(1), s, c);
+    const auto d = outer::decide(tp(1), s, c);
     CHECK(d.action == outer::RoundAction::kClose);
     CHECK(d.reason == "all 2 active providers contributed; not waiting for straggling slow");
     s.contributed["slow"] = 1;
-    CHECK(outer::decide(at(1), s, c).reason == "all 3 active providers contributed");
+    CHECK(outer::decide(tp(1), s, c).reason == "all 3 active providers contributed");
     s.contributed = {};
     s.active = {"slow"};  // only stragglers: nothing closes before the deadline
-    CHECK(outer::decide(at(1), s, c).action == outer::RoundAction::kWait);
+    CHECK(outer::decide(tp(1), s, c).action == outer::RoundAction::kWait);
   }
 
   TEST_CASE("round 1 waits for all K, then min_providers after the grace; later rounds pause below min_providers") {
