@@ -48,11 +48,12 @@ void add_eval_command(CLI::App& app) {
                                 inner::resolve_device(a->device));
     const auto e = trainer.evaluate(*data);
     const bool gpt = loaded.config.model.kind == common::ModelKind::kGpt;
+    const auto batches = data->eval_batches(0, 1);  // what evaluate() scored, cut once more here
     std::string per_byte;
     if (const auto tokenizer = gpt ? inner::tokenizer_for(loaded.config.data) : nullptr) {
       const auto lengths = tokenizer->token_bytes();
       int64_t bytes = 0;
-      for (const auto& b : data->eval_batches(0, 1)) {
+      for (const auto& b : batches) {
         const auto y = b.y.contiguous();
         const auto* p = y.data_ptr<int64_t>();
         for (int64_t i = 0; i < y.numel(); ++i) {
@@ -72,7 +73,7 @@ void add_eval_command(CLI::App& app) {
       XLOCO_ENFORCE(gpt, common::ConfigError, "--logits-out needs a gpt checkpoint");
       torch::NoGradGuard guard;
       loaded.model->eval();
-      const auto x = data->eval_batches(0, 1).front().x.narrow(0, 0, 1);
+      const auto x = batches.front().x.narrow(0, 0, 1);
       const auto logits = loaded.model->logits(x.to(inner::resolve_device(a->device)));
       common::write_safetensors(a->logits_out, {blob_of("tokens", x),
                                                 blob_of("logits", logits.to(torch::kFloat32))});
