@@ -9,6 +9,8 @@ PACKAGES=(
   # the stack
   libtorch-dev libgloo-dev cppzmq-dev libzmq3-dev libsodium-dev libboost-dev libzstd-dev
   nlohmann-json3-dev doctest-dev libcli11-dev libspdlog-dev libbenchmark-dev zlib1g-dev
+  # PNG sample grids of image models (xloco sample)
+  libpng-dev
   # tokenizers (xloco prepare); the sentencepiece tools are the reference in tests
   libsentencepiece-dev sentencepiece
   # a real BLAS for LibTorch (the reference BLAS is ~30x slower on matmul)

@@ -20,6 +20,14 @@ Plan entries (see experiments/plans/quick.json):
   init      {"run": NAME, "step": S}: warm start the head from that train run's step-S checkpoint
   kill      {"provider": "provider-1", "after_round": N}: kill -9 that provider after round N
   rate      link rate for kind netns, e.g. "100mbit"
+  score     image models: {"classifier": RUN, "images": N, "grid": G, "eval_batch_size": B,
+            "eval_batches": M}: after the run, `xloco eval` with that batch size and count (every
+            run scored on the same images and noise) and `xloco sample` of N images scored by
+            RUN's Fashion-MNIST classifier, with a PNG grid of the first G
+
+Plan-level "prepare": [{"run": [argv...], "creates": PATH}] runs each command in the work folder
+before the runs when PATH (relative to it) is missing; "{python}" in argv is this interpreter,
+"{xloco}" the binary, "{root}" the repository (e.g. scripting a TorchScript model with examples/ddpm.py).
 """
 import argparse
 import csv
@@ -176,6 +184,52 @@ class Runner:
             tail = "\n".join(logfile.read_text().splitlines()[-15:])
             raise RuntimeError(f"run {e['name']} exited with {rc}; last lines of {logfile}:\n{tail}")
         return {"wall_s": wall}
+
+    def prepare(self):
+        for p in self.plan.get("prepare", []):
+            if (self.work / p["creates"]).exists():
+                continue
+            argv = [a.replace("{xloco}", self.xloco).replace("{python}", sys.executable)
+                    .replace("{root}", str(ROOT)) for a in p["run"]]
+            log(f"prepare: {' '.join(argv)}")
+            (self.work / p["creates"]).parent.mkdir(parents=True, exist_ok=True)
+            res = subprocess.run(argv, cwd=self.work, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"prepare {' '.join(argv)} failed:\n{res.stdout}{res.stderr}")
+
+    def latest_checkpoint(self, e):
+        ckpts = sorted(p for p in (self.work / "runs" / self.run_name(e) / "ckpt").glob("*-*")
+                       if (p / "state.json").exists())
+        if not ckpts:
+            raise RuntimeError(f"run {e['name']}: no checkpoint to score")
+        return ckpts[-1]
+
+    def score(self, e):
+        """Held-out loss on a common eval set and a classifier score of samples (image runs)."""
+        sc = e["score"]
+        ckpt = self.latest_checkpoint(e)
+        classifier = self.latest_checkpoint(self.entry(sc["classifier"]))
+        res = subprocess.run([self.xloco, "eval", "--checkpoint", str(ckpt), "--batch-size",
+                              str(sc["eval_batch_size"]), "--batches", str(sc["eval_batches"])],
+                             capture_output=True, text=True)
+        if res.returncode != 0 or "eval loss " not in res.stdout:
+            raise RuntimeError(f"xloco eval {ckpt} failed: {res.stdout}{res.stderr}")
+        held_out = float(res.stdout.split("eval loss ")[1].split()[0])
+        grid = self.out / f"samples-{e['name']}.png"
+        score_file = self.out / "runs" / f"{e['name']}.score.json"
+        t0 = time.time()
+        res = subprocess.run([self.xloco, "sample", "--checkpoint", str(ckpt), "--images",
+                              str(sc["images"]), "--grid-images", str(sc.get("grid", 64)),
+                              "--out", str(grid), "--classifier", str(classifier),
+                              "--score-out", str(score_file)], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"xloco sample {ckpt} failed: {res.stdout}{res.stderr}")
+        out = json.loads(score_file.read_text())
+        out.update({"held_out_loss": held_out, "grid": grid.name, "sample_s": time.time() - t0,
+                    "eval_images": sc["eval_batch_size"] * sc["eval_batches"]})
+        log(f"run {e['name']}: held-out loss {held_out:.4f}, inception score "
+            f"{out['inception_score']:.3f}, classes {out['class_histogram']}")
+        return out
 
     def kept_checkpoint(self, run_name, step):
         return self.work / "runs" / run_name / "warm-start" / f"step-{step:07d}"
@@ -354,6 +408,21 @@ def report(runner, results):
               "Utilization: inner compute / round wall time over rounds 2.. (the slowest provider's "
               "compute each round). Bytes: up + down, all providers; data parallel = fp32 gradients "
               "both ways every step over the same K providers.", ""]
+    scored = [r for r in results if r.get("score")]
+    if scored:
+        lines += ["## Image samples", "",
+                  "Held-out loss: `xloco eval` of each final checkpoint on the same test images "
+                  "with the same noise. Score: samples drawn with `xloco sample`, classified by "
+                  "the plan's own Fashion-MNIST cnn; Inception-score analogue "
+                  "exp(E KL(p(y|x) || p(y))) (10 at best) and the class histogram.", "",
+                  "| run | held-out loss | images scored | inception score | mean max prob | "
+                  "class histogram | grid |", "|---|---|---|---|---|---|---|"]
+        for r in scored:
+            s = r["score"]
+            lines.append(f"| {r['name']} | {s['held_out_loss']:.4f} ({s['eval_images']} images) | "
+                         f"{s['samples']} | {s['inception_score']:.3f} | {s['mean_max_prob']:.3f} | "
+                         f"{' '.join(map(str, s['class_histogram']))} | ![{r['name']}]({s['grid']}) |")
+        lines.append("")
     (out / "results.md").write_text("\n".join(lines))
     plots(runner, results)
     log(f"wrote {out / 'results.md'}, results.csv and plots")
@@ -386,7 +455,7 @@ def plots(runner, results):
             + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "") for r in plot_runs)
         script += [f"set output 'loss-vs-tokens-{group}.png'",
                    f"set title 'Eval loss vs tokens ({group}, plan {runner.plan['name']})'",
-                   "set xlabel 'tokens (millions)'" if group != "fmnist" else "set xlabel 'images (millions)'",
+                   "set xlabel 'tokens (millions)'" if not group.startswith("fmnist") else "set xlabel 'images (millions)'",
                    "set ylabel 'eval loss'", "unset logscale x", f"plot {curves}"]
         curves = ", ".join(
             f"'plot-data/{r['name']}.dat' using 3:2 with linespoints title '{r['label']}'"
@@ -450,6 +519,8 @@ def main():
     if not a.report_only and not os.access(a.xloco, os.X_OK):
         raise SystemExit(f"harness: no xloco binary at {a.xloco} (make build, or pass --xloco)")
     t0 = time.time()
+    if not a.report_only:
+        runner.prepare()
     results = []
     for e in plan["runs"]:
         rfile = out / "runs" / f"{e['name']}.json"
@@ -463,6 +534,8 @@ def main():
                        "skipped": extra["skipped"]}
             else:
                 rec = collect(runner, e, extra)
+                if "score" in e:
+                    rec["score"] = runner.score(e)
                 log(f"run {e['name']}: final eval loss {rec['final_eval_loss']:.4f} in "
                     f"{rec['wall_s'] / 60:.1f} min")
             tmp = rfile.with_suffix(".tmp")

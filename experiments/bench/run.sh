@@ -6,6 +6,8 @@ BUILD=${1:-build}
 HERE=$(cd "$(dirname "$0")" && pwd)
 echo "== inner step throughput: xloco vs PyTorch"
 /usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco"
+echo "== inner step throughput: built-in tiny GPT vs its TorchScript twin"
+/usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco" --torchscript
 for b in bench_codec bench_net; do
   exe=$(find "$BUILD/experiments/bench" -name "$b" -type f -executable 2>/dev/null | head -1)
   if [ -n "$exe" ]; then

@@ -30,6 +30,7 @@ common::TensorBlob blob_of(const std::string& name, const torch::Tensor& t) {
 void add_eval_command(CLI::App& app) {
   struct Args {
     std::string checkpoint, device = "cpu", logits_out;
+    int batch_size = 0, batches = 0;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("eval", "validation loss of a checkpoint");
@@ -39,15 +40,25 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--logits-out", a->logits_out,
                   "gpt: write the first validation window's tokens and logits to this "
                   "safetensors file (tensors `tokens` [1, T] and `logits` [1, T, vocab])");
+  cmd->add_option("--batch-size", a->batch_size,
+                  "validation batch size (default: the run's inner.batch_size); two checkpoints "
+                  "scored with the same size and --batches see the same examples (and, for a "
+                  "diffusion model, the same noise)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batches", a->batches, "validation batches (default: inner.eval_batches)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([a]() {
     auto loaded = inner::load_model_checkpoint(a->checkpoint, a->device);
+    if (a->batch_size > 0) loaded.config.inner.batch_size = a->batch_size;
+    if (a->batches > 0) loaded.config.inner.eval_batches = a->batches;
     inner::configure_threads(loaded.config.run, 1);
     auto data = inner::make_dataset(loaded.config, {0, 1});
     inner::Group solo(inner::DistOptions{});
     inner::InnerTrainer trainer(loaded.config, loaded.model, solo,
                                 inner::resolve_device(a->device));
     const auto e = trainer.evaluate(*data);
-    const bool gpt = loaded.config.model.kind == common::ModelKind::kGpt;
+    // Text (gpt, or a TorchScript model on a text data set) counts tokens; fmnist images.
+    const bool gpt = loaded.config.data.dataset != common::DatasetKind::kFmnist;
     const auto batches = data->eval_batches(0, 1);  // what evaluate() scored, cut once more here
     std::string per_byte;
     if (const auto tokenizer = gpt ? inner::tokenizer_for(loaded.config.data) : nullptr) {
@@ -70,7 +81,9 @@ void add_eval_command(CLI::App& app) {
                e.accuracy ? fmt::format(" | accuracy {:.2f}%", 100 * *e.accuracy) : "",
                per_byte, e.count, gpt ? "tokens" : "images", loaded.step);
     if (!a->logits_out.empty()) {
-      XLOCO_ENFORCE(gpt, common::ConfigError, "--logits-out needs a gpt checkpoint");
+      XLOCO_ENFORCE(gpt && loaded.model->has_logits(), common::ConfigError,
+                    "--logits-out needs a text model with logits (gpt, or a TorchScript module "
+                    "with a logits method)");
       torch::NoGradGuard guard;
       loaded.model->eval();
       const auto x = batches.front().x.narrow(0, 0, 1);

@@ -19,6 +19,7 @@
 #include "inner/runtime.h"
 #include "inner/trainer.h"
 #include "inner/data.h"
+#include "inner/hf.h"
 
 namespace xloco::cli {
 namespace {
@@ -29,6 +30,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   int nproc = 1;
   bool resume = false;
+  std::string init;
 };
 
 int run_rank(const TrainArgs& a, const common::Config& cfg) {
@@ -56,6 +58,10 @@ int run_rank(const TrainArgs& a, const common::Config& cfg) {
                threads.intra_op, threads.blas, device.str());
 
   int64_t start = 0;
+  if (!a.init.empty()) {
+    trainer.load_model(inner::load_init_weights(a.init));  // a resumed run overwrites it below
+    spdlog::info("initial weights from {}", a.init);
+  }
   if (a.resume) {
     if (auto dir = common::latest_checkpoint(ckpt_root)) {
       start = inner::resume_train_checkpoint(*dir, trainer);
@@ -135,6 +141,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--nproc", a->nproc, "rank processes (a Gloo group) on this machine")
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--resume", a->resume, "continue from the run's latest checkpoint");
+  cmd->add_option("--init", a->init, "start from these weights: an xloco checkpoint directory, a "
+                  "Hugging Face GPT-2 directory or a .safetensors file with the model's names");
   cmd->callback([a]() {
     const auto cfg = inner::load_run_config(a->config, a->overrides);
     int rc;

@@ -27,7 +27,7 @@ struct Named {};  // an enum field: its names come from kNames<E>
 template <class E> constexpr std::array<const char*, 0> kNames{};
 template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist", "tokens"};
 template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet", "contiguous"};
-template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn"};
+template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn", "torchscript"};
 template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4"};
 
 template <class E>
@@ -51,6 +51,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("data.path", c.data.path, Choices{});
   v("data.cache_dir", c.data.cache_dir, Choices{});
   v("model.kind", c.model.kind, Named{});
+  v("model.path", c.model.path, Choices{});
   v("model.preset", c.model.preset, Choices{"", "tiny", "gpt2-small", "gpt2-medium"});
   v("model.vocab_size", c.model.vocab_size, Range{0, 1 << 24});
   v("model.d_model", c.model.d_model, Range{8, 65536});
@@ -196,10 +197,17 @@ void validate(const Config& c) {
   const auto& m = c.model;
   XLOCO_ENFORCE(m.d_model % m.n_head == 0, ConfigError,
                 "config: model.n_head = {} must divide model.d_model = {}", m.n_head, m.d_model);
+  const bool script = m.kind == ModelKind::kTorchScript;
+  XLOCO_ENFORCE(!script || !m.path.empty(), ConfigError,
+                "config: model.kind = torchscript needs model.path (a module saved by "
+                "torch.jit.save; see examples/)");
+  XLOCO_ENFORCE(script || m.path.empty(), ConfigError,
+                "config: model.path is for model.kind = torchscript, got model.kind = {}",
+                to_string(m.kind));
   if (c.data.dataset == DatasetKind::kKjv || c.data.dataset == DatasetKind::kTokens) {
     const char* name = to_string(c.data.dataset);
-    XLOCO_ENFORCE(m.kind == ModelKind::kGpt, ConfigError,
-                  "config: data.dataset = {} needs model.kind = gpt, got {}", name,
+    XLOCO_ENFORCE(m.kind == ModelKind::kGpt || script, ConfigError,
+                  "config: data.dataset = {} needs model.kind = gpt (or torchscript), got {}", name,
                   to_string(m.kind));
     XLOCO_ENFORCE(c.data.sharding == Sharding::kIid || c.data.sharding == Sharding::kBooks ||
                       c.data.sharding == Sharding::kContiguous,
@@ -210,8 +218,9 @@ void validate(const Config& c) {
                   "config: data.dataset = tokens needs data.path (the folder `xloco prepare` "
                   "wrote)");
   } else {
-    XLOCO_ENFORCE(m.kind == ModelKind::kCnn, ConfigError,
-                  "config: data.dataset = fmnist needs model.kind = cnn, got {}", to_string(m.kind));
+    XLOCO_ENFORCE(m.kind == ModelKind::kCnn || script, ConfigError,
+                  "config: data.dataset = fmnist needs model.kind = cnn (or torchscript), got {}",
+                  to_string(m.kind));
     XLOCO_ENFORCE(c.data.sharding == Sharding::kIid || c.data.sharding == Sharding::kDirichlet,
                   ConfigError,
                   "config: data.sharding = {} is not valid for fmnist; allowed: iid, dirichlet",
@@ -338,6 +347,8 @@ std::string config_hash(const Config& c) {
   j["seed"] = c.run.seed;
   j["data"].erase("path");
   j["data"].erase("cache_dir");
+  j["model"].erase("path");  // where the module lies differs between machines; its bytes count
+  if (!c.model.file_hash.empty()) j["model"]["module_blake2b"] = c.model.file_hash;
   j["model"].erase("preset");  // the fields it set are hashed themselves
   // A byte-level run hashes as it did before model.vocab_size existed, so that its checkpoints
   // and saved provider states still resume after an upgrade.

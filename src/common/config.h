@@ -15,7 +15,7 @@ namespace xloco::common {
 // the name back (as written in JSON configs and in config.json).
 enum class DatasetKind { kKjv, kFmnist, kTokens };
 enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
-enum class ModelKind { kGpt, kCnn };
+enum class ModelKind { kGpt, kCnn, kTorchScript };
 enum class CodecKind { kFp32, kBf16, kInt8, kInt4 };
 const char* to_string(DatasetKind kind);
 const char* to_string(Sharding sharding);
@@ -41,7 +41,10 @@ struct DataConfig {
 };
 
 struct ModelConfig {
-  ModelKind kind = ModelKind::kGpt;  // gpt | cnn
+  ModelKind kind = ModelKind::kGpt;  // gpt | cnn | torchscript
+  std::string path = "";     // torchscript: the scripted module (torch.jit.save) to train
+  std::string file_hash = "";  // torchscript: BLAKE2b of `path`, filled by load_run_config (not
+                               // a config field); the config hash covers it
   std::string preset = "";   // gpt: tiny | gpt2-small | gpt2-medium sets the fields below;
                              // a field given next to it still wins
   int vocab_size = 0;        // gpt: 0 = from the data (kjv: 256 bytes; tokens: meta.json);

@@ -20,6 +20,11 @@ struct ParamSlot {
 struct FlatLayout {
   std::vector<ParamSlot> slots;  // in buffer order, without gaps
   int64_t numel = 0;             // elements of the whole buffer
+  // Where the model's float buffers start (e.g. batch-norm statistics of a TorchScript model):
+  // they ride in θ after every trained parameter, untouched by AdamW, and the outer step sets
+  // them to the providers' average instead of stepping along them. numel when there are none.
+  int64_t buffers_offset = -1;
+  int64_t trained_numel() const { return buffers_offset < 0 ? numel : buffers_offset; }
 
   // Places a parameter right after the last one.
   const ParamSlot& append(const std::string& name, const std::vector<int64_t>& shape) {

@@ -47,14 +47,18 @@ LoadedModel load_model_checkpoint(const std::string& dir, const std::string& dev
   out.model = make_model(out.config);
   const auto file = common::read_safetensors(dir + "/model.safetensors");
   torch::NoGradGuard guard;
-  for (auto& p : out.model->named_parameters()) {
-    const auto* blob = file.find(p.key());
-    XLOCO_ENFORCE(blob != nullptr, common::IoError, "{}/model.safetensors lacks {}", dir, p.key());
+  auto tensors = out.model->state();
+  for (auto& l : out.model->local_state()) {
+    if (file.find(l.name) != nullptr) tensors.push_back(l);  // per-rank state is optional
+  }
+  for (auto& p : tensors) {
+    const auto* blob = file.find(p.name);
+    XLOCO_ENFORCE(blob != nullptr, common::IoError, "{}/model.safetensors lacks {}", dir, p.name);
     auto t = from_blob(*blob);
-    XLOCO_ENFORCE(t.sizes() == p.value().sizes(), common::IoError,
-                  "{}: tensor {} has shape {}, the model needs {}", dir, p.key(),
-                  fmt::join(t.sizes(), "x"), fmt::join(p.value().sizes(), "x"));
-    p.value().copy_(t);
+    XLOCO_ENFORCE(t.sizes() == p.tensor.sizes(), common::IoError,
+                  "{}: tensor {} has shape {}, the model needs {}", dir, p.name,
+                  fmt::join(t.sizes(), "x"), fmt::join(p.tensor.sizes(), "x"));
+    p.tensor.copy_(t);
   }
   out.model->to(resolve_device(device));
   return out;

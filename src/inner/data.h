@@ -46,7 +46,10 @@ int64_t data_vocab_size(const common::DataConfig& data);
 // vocabulary (ConfigError naming the file). Call right after loading a config, so the config
 // hash the head and its providers compare covers the vocabulary.
 void resolve_vocab(common::Config& config);
-// load_config, then resolve_vocab.
+// torchscript models: makes model.path absolute and fills model.file_hash (BLAKE2b of the
+// module's bytes), so that the head refuses a provider holding another module.
+void resolve_module(common::Config& config);
+// load_config, then resolve_vocab and resolve_module.
 common::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides);
 
 // The tokens data set (tokens_data.cpp): windows from memory-mapped train files, 16 Ki-token

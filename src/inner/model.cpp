@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "inner/data.h"
+#include "inner/script_model.h"
 
 namespace xloco::inner {
 namespace F = torch::nn::functional;
@@ -147,6 +148,9 @@ class Cnn : public Net {
 
 std::shared_ptr<Net> make_model(const common::Config& config) {
   torch::manual_seed(config.run.seed);
+  if (config.model.kind == common::ModelKind::kTorchScript) {
+    return load_script_model(config);
+  }
   if (config.model.kind == common::ModelKind::kGpt) {
     common::Config c = config;
     if (c.model.vocab_size == 0) resolve_vocab(c);  // configs written before model.vocab_size
@@ -155,10 +159,19 @@ std::shared_ptr<Net> make_model(const common::Config& config) {
   return std::make_shared<Cnn>();
 }
 
-int64_t count_parameters(const torch::nn::Module& module) {
+int64_t count_parameters(Net& model) {
   int64_t n = 0;
-  for (const auto& p : module.parameters()) n += p.numel();
+  for (const auto& t : model.state()) n += t.trained ? t.tensor.numel() : 0;
   return n;
+}
+
+torch::Tensor Net::sample(int64_t) {
+  throw common::Error("this model cannot sample images (a TorchScript module needs a sample(n) method)");
+}
+
+torch::Device Net::device() {
+  const auto s = state();
+  return s.empty() ? torch::Device(torch::kCPU) : s.front().tensor.device();
 }
 
 std::vector<uint32_t> generate(Net& gpt, const std::vector<uint32_t>& prompt, int max_new,
@@ -167,7 +180,7 @@ std::vector<uint32_t> generate(Net& gpt, const std::vector<uint32_t>& prompt, in
   torch::NoGradGuard guard;
   gpt.eval();
   auto gen = torch::make_generator<at::CPUGeneratorImpl>(seed);
-  const auto device = gpt.parameters().front().device();
+  const auto device = gpt.device();
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   if (ids.empty()) ids.push_back('\n');
   std::vector<uint32_t> out;

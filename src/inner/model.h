@@ -1,6 +1,7 @@
-// The two models of design §4 behind one interface: `gpt` (nanoGPT shape and parameter names,
-// LM head tied to the token embedding) and `cnn` (Fashion-MNIST). Parameter names are the
-// checkpoint names, so a Python user can load xloco weights into nanoGPT unchanged.
+// The models of design §4 behind one interface: `gpt` (nanoGPT shape and parameter names,
+// LM head tied to the token embedding), `cnn` (Fashion-MNIST), and `torchscript` (a module
+// scripted in Python, script_model.cpp). Parameter names are the checkpoint names, so a Python
+// user can load xloco weights into nanoGPT (or their own module) unchanged.
 #pragma once
 
 #include <memory>
@@ -14,6 +15,13 @@
 
 namespace xloco::inner {
 
+// One tensor of a model's state, under its checkpoint name.
+struct StateTensor {
+  std::string name;
+  torch::Tensor tensor;
+  bool trained = true;  // false: a float buffer (or frozen parameter), carried in θ, not trained
+};
+
 class Net : public torch::nn::Module {
  public:
   // Mean cross-entropy of the batch (gpt: over every position; cnn: over images).
@@ -21,12 +29,31 @@ class Net : public torch::nn::Module {
   // gpt: logits [b, T, vocab]; cnn: logits [b, 10].
   virtual torch::Tensor logits(const torch::Tensor& x) = 0;
   virtual int64_t context_length() const { return 0; }
+
+  // Everything of the model that lives in θ: trained parameters, then float buffers. Built-in
+  // models: their named_parameters(). A tensor tied to another appears once.
+  virtual std::vector<StateTensor> state() {
+    std::vector<StateTensor> out;
+    for (const auto& p : named_parameters()) out.push_back({p.key(), p.value(), true});
+    return out;
+  }
+  // State kept by each rank and written to checkpoints but not synchronised (integer buffers
+  // such as batch norm's num_batches_tracked).
+  virtual std::vector<StateTensor> local_state() { return {}; }
+  // False when loss() is the only score (TorchScript modules without a `logits` method):
+  // evaluation then averages loss() over the validation batches.
+  virtual bool has_logits() const { return true; }
+  // Image models: `n` samples [n, C, H, W] in [0, 1] (TorchScript modules with `sample`).
+  virtual bool can_sample() const { return false; }
+  virtual torch::Tensor sample(int64_t n);
+  torch::Device device();
 };
 
 // Builds and initialises the model of `config.model` (init seeded from run.seed).
 std::shared_ptr<Net> make_model(const common::Config& config);
 
-int64_t count_parameters(const torch::nn::Module& module);
+// Trained parameters of the model (tied ones once).
+int64_t count_parameters(Net& model);
 
 // GPT sampling: continues the token ids `prompt` by `max_new` tokens (temperature, top-k;
 // seeded); an empty prompt starts from token 10 (a newline in bytes).

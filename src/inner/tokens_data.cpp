@@ -8,6 +8,7 @@
 #include <random>
 
 #include <nlohmann/json.hpp>
+#include <sodium.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -209,9 +210,33 @@ void resolve_vocab(common::Config& config) {
   }
 }
 
+void resolve_module(common::Config& config) {
+  auto& m = config.model;
+  if (m.kind != common::ModelKind::kTorchScript) return;
+  // Absolute, so that a checkpoint's config still finds the module from another directory.
+  m.path = std::filesystem::absolute(m.path).lexically_normal().string();
+  std::ifstream in(m.path, std::ios::binary);
+  XLOCO_ENFORCE(in.good(), ConfigError, "model.path {}: cannot open it (a module saved by "
+                "torch.jit.save; see examples/)", m.path);
+  // Streamed: a GPT-2-sized module is half a gigabyte.
+  crypto_generichash_state st;
+  unsigned char digest[16];
+  crypto_generichash_init(&st, nullptr, 0, sizeof digest);
+  std::vector<char> buf(1 << 20);
+  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
+    crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(buf.data()),
+                              static_cast<unsigned long long>(in.gcount()));
+  }
+  crypto_generichash_final(&st, digest, sizeof digest);
+  char hex[2 * sizeof digest + 1];
+  sodium_bin2hex(hex, sizeof hex, digest, sizeof digest);
+  m.file_hash = hex;
+}
+
 common::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   auto config = common::load_config(path, overrides);
   resolve_vocab(config);
+  resolve_module(config);
   return config;
 }
 

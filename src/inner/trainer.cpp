@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "common/error.h"
 #include "common/metrics.h"
+#include "inner/data.h"
 
 namespace xloco::inner {
 
@@ -62,20 +63,24 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
                            Group& group, torch::Device device)
     : config_(config), model_(std::move(model)), group_(group), device_(device) {
   model_->to(device_);
-  auto named = model_->named_parameters();
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const auto& p : named) {
-      const bool decayed = p.value().dim() >= 2;
-      if (decayed != (pass == 0)) continue;
-      layout_.append(p.key(), p.value().sizes().vec());
+  // θ's order: trained >=2-D weights (decayed), the other trained tensors, then float buffers.
+  std::map<std::string, torch::Tensor> named;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (const auto& t : model_->state()) {
+      const int kind = !t.trained ? 2 : t.tensor.dim() >= 2 ? 0 : 1;
+      if (kind != pass) continue;
+      layout_.append(t.name, t.tensor.sizes().vec());
+      named[t.name] = t.tensor;
     }
     if (pass == 0) decay_numel_ = layout_.numel;
+    if (pass == 1) trained_numel_ = layout_.numel;
   }
+  if (trained_numel_ < layout_.numel) layout_.buffers_offset = trained_numel_;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   params_ = torch::empty({layout_.numel}, opts);
   torch::NoGradGuard guard;
   for (const auto& s : layout_.slots) {
-    auto& p = named[s.name];
+    auto& p = named.at(s.name);
     auto view = params_.narrow(0, s.offset, s.numel).view(s.shape);
     view.copy_(p);
     p.set_data(view);
@@ -90,9 +95,10 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
 void InnerTrainer::ensure_training_buffers() {
   if (grads_.defined()) return;
   grads_ = torch::zeros({params_.numel() + 2}, params_.options());
-  auto named = model_->named_parameters();
-  for (const auto& s : layout_.slots) {
-    named[s.name].mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
+  for (auto& t : model_->state()) {
+    if (!t.trained) continue;
+    const auto& s = layout_.slots.at(slot_index(t.name));
+    t.tensor.mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
   }
   if (!exp_avg_.defined()) reset_optimizer();
 }
@@ -115,6 +121,10 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
   ensure_training_buffers();
   model_->train();
   const Batch b = data.train_batch(step, group_.rank(), group_.world());
+  // Models that draw random numbers in forward (a diffusion model's noise and timesteps) draw
+  // the same ones on a resumed run: the generator is a function of (seed, stream, step, rank).
+  torch::manual_seed(mix_seed(config_.run.seed, rng_stream_, static_cast<uint64_t>(step),
+                              static_cast<uint64_t>(group_.rank())));
   grads_.zero_();
   auto loss = model_->loss(b.x.to(device_), b.y.to(device_));
   loss.backward();
@@ -132,7 +142,7 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
   st.stop = grads_[params_.numel() + 1].item<double>() > 0;
   XLOCO_ENFORCE(std::isfinite(st.loss), common::Error,
                 "step {}: loss is {} (diverged); lower inner.lr or check the data", step, st.loss);
-  auto g = grads_.narrow(0, 0, params_.numel());
+  auto g = grads_.narrow(0, 0, trained_numel_);
   st.grad_norm = g.norm().item<double>();
   if (config_.inner.grad_clip > 0 && st.grad_norm > config_.inner.grad_clip) {
     g.mul_(config_.inner.grad_clip / (st.grad_norm + 1e-6));
@@ -146,7 +156,7 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
 void InnerTrainer::apply_adamw(double lr) {
   torch::NoGradGuard guard;
   const auto& in = config_.inner;
-  auto g = grads_.narrow(0, 0, params_.numel());
+  auto g = grads_.narrow(0, 0, trained_numel_);
   ++adam_t_;
   // PyTorch's AdamW order: decoupled decay first, then the Adam update.
   if (in.weight_decay > 0 && decay_numel_ > 0) {
@@ -156,7 +166,7 @@ void InnerTrainer::apply_adamw(double lr) {
   const double bc2 = 1.0 - std::pow(in.beta2, static_cast<double>(adam_t_));
   // In chunks, so the one temporary (the denominator) is 4 MiB, not a copy of the model.
   constexpr int64_t kChunk = 1 << 20;
-  const int64_t n = params_.numel();
+  const int64_t n = trained_numel_;  // float buffers after it are not trained
   for (int64_t off = 0; off < n; off += kChunk) {
     const int64_t len = std::min(kChunk, n - off);
     auto p = params_.narrow(0, off, len), gc = g.narrow(0, off, len);
@@ -174,8 +184,20 @@ EvalStats InnerTrainer::evaluate(const Dataset& data, const std::function<void()
   model_->eval();
   double sum = 0, correct = 0, count = 0;
   const bool classify = config_.model.kind == common::ModelKind::kCnn;
+  int64_t index = 0;
   for (const auto& b : data.eval_batches(group_.rank(), group_.world())) {
     auto x = b.x.to(device_), y = b.y.to(device_);
+    if (!model_->has_logits()) {
+      // The model's own loss, weighted by the batch's tokens (or samples). Its random draws are
+      // fixed per batch, so every evaluation of every run scores the same noise.
+      torch::manual_seed(mix_seed(config_.run.seed, 0x45564c, static_cast<uint64_t>(index++),
+                                  static_cast<uint64_t>(group_.rank())));
+      const auto n = static_cast<double>(b.tokens);
+      sum += model_->loss(x, y).item<double>() * n;
+      count += n;
+      if (between_batches) between_batches();
+      continue;
+    }
     auto logits = model_->logits(x);
     auto flat = logits.view({-1, logits.size(-1)});
     auto yy = y.reshape({-1});
@@ -202,8 +224,9 @@ std::string InnerTrainer::param_hash() const {
 
 std::vector<common::TensorBlob> InnerTrainer::model_blobs() const {
   std::vector<common::TensorBlob> out;
-  // In the model's own (nanoGPT) order, not the flat layout order.
-  for (const auto& p : model_->named_parameters()) out.push_back(view_blob(p.key(), p.value()));
+  // In the model's own (nanoGPT) order, not the flat layout order; then per-rank state.
+  for (const auto& t : model_->state()) out.push_back(view_blob(t.name, t.tensor));
+  for (const auto& t : model_->local_state()) out.push_back(to_blob(t.name, t.tensor));
   return out;
 }
 
@@ -223,6 +246,16 @@ void InnerTrainer::load_model(const common::SafetensorsFile& file) {
                   fmt::join(blob->shape, "x"), fmt::join(s.shape, "x"));
     params_.narrow(0, s.offset, s.numel).copy_(from_blob(*blob).view({-1}));
   }
+  for (auto& t : model_->local_state()) {
+    if (const auto* blob = file.find(t.name)) t.tensor.copy_(from_blob(*blob).view(t.tensor.sizes()));
+  }
+}
+
+size_t InnerTrainer::slot_index(const std::string& name) const {
+  for (size_t i = 0; i < layout_.slots.size(); ++i) {
+    if (layout_.slots[i].name == name) return i;
+  }
+  throw common::Error(fmt::format("no parameter {} in the layout", name));
 }
 
 void InnerTrainer::broadcast_optimizer() {

@@ -49,6 +49,9 @@ class InnerTrainer {
   // from there, so a long evaluation never makes it deaf.
   EvalStats evaluate(const Dataset& data, const std::function<void()>& between_batches = {});
   double lr_at(int64_t step) const;
+  // The random stream of this trainer's forward passes (a provider: its shard index), mixed
+  // with run.seed, the step and the rank.
+  void set_rng_stream(uint64_t stream) { rng_stream_ = stream; }
 
   // Where each parameter lives in params(): >=2-D weights first, then the rest.
   const common::FlatLayout& layout() const { return layout_; }
@@ -77,9 +80,12 @@ class InnerTrainer {
   Group& group_;
   torch::Device device_;
   void ensure_training_buffers();
+  size_t slot_index(const std::string& name) const;
 
   common::FlatLayout layout_;
   int64_t decay_numel_ = 0;
+  int64_t trained_numel_ = 0;  // float buffers follow the trained parameters in θ
+  uint64_t rng_stream_ = 0;
   torch::Tensor params_, grads_;  // grads_ ends with two extra slots: loss, stop request
   torch::Tensor exp_avg_, exp_avg_sq_;  // allocated at the first step (the head never trains)
   int64_t adam_t_ = 0;

@@ -30,7 +30,7 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       aggregator_(evaluator_->layout(), config.outer.norm_bound),
       down_enc_(downlink_codec(config.outer)),
       state_enc_(full_state_codec()) {
-  opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel);
+  opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel, layout().buffers_offset);
   if (!init.empty()) {
     evaluator_->load_model(inner::load_init_weights(init));
     spdlog::info("warm start from {}", init);
@@ -168,6 +168,10 @@ std::string GlobalModel::write_checkpoint(const std::string& root, HeadCheckpoin
   for (const auto& s : layout().slots) {
     c.files["model.safetensors"].push_back(
         inner::view_blob(s.name, theta_true_.narrow(0, s.offset, s.numel).view(s.shape)));
+  }
+  // Per-rank state (int buffers) as the module had it, so that load_state_dict finds every key.
+  for (const auto& t : evaluator_->model().local_state()) {
+    c.files["model.safetensors"].push_back(inner::to_blob(t.name, t.tensor));
   }
   c.files["outer.safetensors"] = {inner::view_blob("momentum", opt_->momentum()),
                                   inner::view_blob("theta_pub", theta_pub())};

@@ -221,7 +221,8 @@ uint64_t round_token_allowance(const common::Config& config, uint64_t round) {
   const int64_t H = config.outer.inner_steps;
   const int64_t first = static_cast<int64_t>(round - 1) * H;
   const int64_t steps = std::max<int64_t>(0, std::min<int64_t>(first + H, config.inner.steps) - first);
-  const int64_t per_sample = config.model.kind == common::ModelKind::kGpt ? config.model.seq_len : 1;
+  const int64_t per_sample =
+      config.data.dataset == common::DatasetKind::kFmnist ? 1 : config.model.seq_len;
   return static_cast<uint64_t>(steps) * static_cast<uint64_t>(config.inner.batch_size) *
          static_cast<uint64_t>(per_sample);
 }

@@ -6,8 +6,9 @@
 
 namespace xloco::outer {
 
-OuterOptimizer::OuterOptimizer(const common::OuterConfig& config, int64_t numel)
-    : lr_(config.lr), mu_(config.momentum), nesterov_(config.nesterov),
+OuterOptimizer::OuterOptimizer(const common::OuterConfig& config, int64_t numel,
+                               int64_t averaged_from)
+    : averaged_from_(averaged_from < 0 ? numel : averaged_from), lr_(config.lr), mu_(config.momentum), nesterov_(config.nesterov),
       momentum_(torch::zeros({numel}, torch::kFloat32)) {}
 
 void OuterOptimizer::apply(torch::Tensor& theta, torch::Tensor& momentum,
@@ -24,9 +25,24 @@ void OuterOptimizer::apply(torch::Tensor& theta, torch::Tensor& momentum,
   }
 }
 
+void OuterOptimizer::apply_range(torch::Tensor& theta, torch::Tensor& momentum,
+                                 const torch::Tensor& delta, int64_t offset) const {
+  const int64_t n = theta.numel();
+  const int64_t stepped = std::clamp<int64_t>(averaged_from_ - offset, 0, n);
+  if (stepped == n) {
+    apply(theta, momentum, delta);
+    return;
+  }
+  if (stepped > 0) {
+    auto t = theta.narrow(0, 0, stepped), m = momentum.narrow(0, 0, stepped);
+    apply(t, m, delta.narrow(0, 0, stepped));
+  }
+  theta.narrow(0, stepped, n - stepped).sub_(delta.narrow(0, stepped, n - stepped));
+}
+
 void OuterOptimizer::step(torch::Tensor& theta, const torch::Tensor& delta) {
   torch::NoGradGuard guard;
-  apply(theta, momentum_, delta);
+  apply_range(theta, momentum_, delta, 0);
 }
 
 std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
@@ -39,7 +55,7 @@ std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
     const auto d = delta.narrow(0, o, c);
     auto t = theta.narrow(0, o, c).clone();
     auto m = momentum_.narrow(0, o, c).clone();
-    apply(t, m, d);  // the same operations as step(), on copies of the chunk
+    apply_range(t, m, d, o);  // the same operations as step(), on copies of the chunk
     const auto bad = torch::isfinite(t).logical_and(torch::isfinite(m)).logical_and(torch::isfinite(d)).logical_not();
     if (bad.any().item<bool>()) return o + bad.nonzero()[0][0].item<int64_t>();
   }

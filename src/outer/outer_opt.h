@@ -14,7 +14,9 @@ namespace xloco::outer {
 
 class OuterOptimizer {
  public:
-  OuterOptimizer(const common::OuterConfig& config, int64_t numel);
+  // Elements from `averaged_from` on (a model's float buffers: batch-norm statistics) are set to
+  // the providers' average, θ ← θ − Δ, with no momentum; -1 = none.
+  OuterOptimizer(const common::OuterConfig& config, int64_t numel, int64_t averaged_from = -1);
   void step(torch::Tensor& theta, const torch::Tensor& delta);
   // The first flat index at which step(theta, delta) would leave θ or the momentum non-finite
   // (or at which Δ is), computed chunk by chunk with the same operations as step() and written
@@ -25,7 +27,11 @@ class OuterOptimizer {
  private:
   // θ ← θ − lr·step and buf ← μ·buf + Δ, in place on the tensors given (whole or a chunk).
   void apply(torch::Tensor& theta, torch::Tensor& momentum, const torch::Tensor& delta) const;
+  // apply() on the elements [offset, offset + n) of θ, whichever rule each element follows.
+  void apply_range(torch::Tensor& theta, torch::Tensor& momentum, const torch::Tensor& delta,
+                   int64_t offset) const;
 
+  int64_t averaged_from_;
   double lr_, mu_;
   bool nesterov_;
   torch::Tensor momentum_;

@@ -234,6 +234,7 @@ class ProviderRun {
     data_ = inner::make_dataset(cfg, shard_);
     trainer_ = std::make_unique<inner::InnerTrainer>(cfg, inner::make_model(cfg), group,
                                                      inner::resolve_device(cfg.run.device));
+    trainer_->set_rng_stream(static_cast<uint64_t>(shard_.index));
     theta_pub_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
     if (leader_) {
       lead_->load_welcome(theta_pub_, trainer_->layout());

@@ -17,6 +17,28 @@ TEST_SUITE("config") {
     CHECK(again.run.seed == c.run.seed);
   }
 
+  TEST_CASE("torchscript: model.path required, any data set, the module's bytes in the hash") {
+    auto error = [](const json& j) {
+      try {
+        parse_config(j);
+      } catch (const ConfigError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    CHECK(error(json{{"model", {{"kind", "torchscript"}}}}).find("needs model.path") != std::string::npos);
+    CHECK(error(json{{"model", {{"kind", "gpt"}, {"path", "m.pt"}}}}).find("model.path is for") != std::string::npos);
+    auto a = parse_config(json{{"model", {{"kind", "torchscript"}, {"path", "/a/m.pt"}}}});
+    CHECK(error(json{{"model", {{"kind", "torchscript"}, {"path", "m.pt"}}},
+                     {"data", {{"dataset", "fmnist"}}}}).empty());
+    auto b = a;
+    b.model.path = "/elsewhere/m.pt";  // the same module in another place: the same run
+    a.model.file_hash = b.model.file_hash = "0123";
+    CHECK(xloco::common::config_hash(a) == xloco::common::config_hash(b));
+    b.model.file_hash = "4567";  // another module: another run
+    CHECK(xloco::common::config_hash(a) != xloco::common::config_hash(b));
+  }
+
   TEST_CASE("unknown key is rejected by name with the known keys listed") {
     try {
       parse_config(json{{"inner", {{"lrr", 1e-3}}}});

@@ -125,6 +125,29 @@ TEST_SUITE("outer") {
     CHECK(torch::allclose(theta, ref.detach(), 1e-6, 1e-6));
   }
 
+  TEST_CASE("float buffers after averaged_from are set to the providers' average, with no momentum") {
+    common::OuterConfig c;  // lr 0.7, momentum 0.9, nesterov
+    torch::manual_seed(4);
+    auto theta = torch::randn({1000});
+    auto ref = theta.narrow(0, 0, 600).clone().requires_grad_(true);
+    torch::optim::SGD sgd({ref}, torch::optim::SGDOptions(0.7).momentum(0.9).nesterov(true));
+    outer::OuterOptimizer opt(c, 1000, /*averaged_from=*/600);
+    for (int i = 0; i < 3; ++i) {
+      auto delta = torch::randn({1000});
+      const auto averaged = theta.narrow(0, 600, 400) - delta.narrow(0, 600, 400);
+      opt.step(theta, delta);
+      ref.mutable_grad() = delta.narrow(0, 0, 600).clone();
+      sgd.step();
+      CHECK(torch::equal(theta.narrow(0, 600, 400), averaged));
+    }
+    CHECK(torch::allclose(theta.narrow(0, 0, 600), ref.detach(), 1e-6, 1e-6));
+    CHECK(opt.momentum().narrow(0, 600, 400).abs().max().item<float>() == 0.0f);
+    // non_finite_at walks the same two rules: a huge Δ in the averaged range is caught there.
+    auto delta = torch::zeros({1000});
+    delta[700] = std::numeric_limits<float>::infinity();
+    CHECK(opt.non_finite_at(theta, delta) == std::optional<int64_t>(700));
+  }
+
   TEST_CASE("a round whose outer step would make theta non-finite is discarded: theta, the momentum and theta_pub stay as they were") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");

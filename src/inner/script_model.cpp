@@ -1,0 +1,157 @@
+#include "inner/script_model.h"
+
+#include <sstream>
+#include <unordered_set>
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace xloco::inner {
+namespace {
+
+using common::ConfigError;
+
+constexpr const char* kScriptContract =
+    "xloco trains forward(inputs: Tensor, targets: Tensor) -> Tensor (the scalar loss) or "
+    "forward(batch: Tensor) -> Tensor; see examples/README.md";
+
+std::string script_schema_text(const c10::FunctionSchema& schema) {
+  std::ostringstream os;
+  os << schema;
+  return os.str();
+}
+
+bool script_is_tensor(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+
+std::string script_first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+class ScriptNet : public Net {
+ public:
+  ScriptNet(const common::Config& config) : path_(config.model.path) {
+    try {
+      module_ = torch::jit::load(path_, torch::kCPU);
+    } catch (const c10::Error& e) {
+      throw ConfigError(fmt::format("model.path {}: torch.jit.load cannot read it as a "
+                                    "TorchScript module ({})",
+                                    path_, script_first_line(e.what_without_backtrace())));
+    }
+    check_forward();
+    has_logits_ = module_.find_method("logits").has_value();
+    can_sample_ = module_.find_method("sample").has_value();
+    if (has_logits_) context_ = config.model.seq_len;
+    collect_state();
+  }
+
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) override {
+    std::vector<c10::IValue> in{x};
+    if (takes_targets_) in.emplace_back(y);
+    c10::IValue out;
+    try {
+      out = module_.forward(std::move(in));
+    } catch (const c10::Error& e) {
+      throw common::Error(fmt::format("{}: forward failed on inputs {} {}{}: {}", path_,
+                                      c10::str(x.sizes()), c10::str(x.scalar_type()),
+                                      takes_targets_ ? fmt::format(", targets {} {}", c10::str(y.sizes()),
+                                                                   c10::str(y.scalar_type()))
+                                                     : std::string(),
+                                      script_first_line(e.what_without_backtrace())));
+    }
+    XLOCO_ENFORCE(out.isTensor(), common::Error, "{}: forward returned {}, not the loss tensor",
+                  path_, out.tagKind());
+    auto t = out.toTensor();
+    XLOCO_ENFORCE(t.numel() == 1 && t.is_floating_point(), common::Error,
+                  "{}: forward returned a {} tensor of shape {}; xloco needs the scalar loss",
+                  path_, c10::str(t.scalar_type()), c10::str(t.sizes()));
+    return t.reshape({});
+  }
+
+  torch::Tensor logits(const torch::Tensor& x) override {
+    XLOCO_ENFORCE(has_logits_, common::Error,
+                  "{}: the module has no logits(inputs) method (needed for text sampling and "
+                  "--logits-out)", path_);
+    return module_.get_method("logits")({x}).toTensor();
+  }
+
+  torch::Tensor sample(int64_t n) override {
+    XLOCO_ENFORCE(can_sample_, common::Error, "{}: the module has no sample(n: int) method",
+                  path_);
+    auto out = module_.get_method("sample")({c10::IValue(n)});
+    XLOCO_ENFORCE(out.isTensor() && out.toTensor().dim() == 4 && out.toTensor().size(0) == n,
+                  common::Error, "{}: sample({}) must return a tensor [n, C, H, W]", path_, n);
+    return out.toTensor();
+  }
+
+  int64_t context_length() const override { return context_; }
+  bool has_logits() const override { return has_logits_; }
+  bool can_sample() const override { return can_sample_; }
+  std::vector<StateTensor> state() override { return state_; }
+  std::vector<StateTensor> local_state() override { return local_; }
+
+  void train(bool on) override {
+    Net::train(on);
+    module_.train(on);
+  }
+  using Net::to;
+  void to(torch::Device device, bool non_blocking) override {
+    module_.to(device, non_blocking);
+  }
+
+ private:
+  void check_forward() {
+    const auto fwd = module_.find_method("forward");
+    XLOCO_ENFORCE(fwd.has_value(), ConfigError, "{}: the module has no forward method; {}", path_,
+                  kScriptContract);
+    const auto& schema = fwd->function().getSchema();
+    const auto& args = schema.arguments();  // args[0] is self
+    bool ok = (args.size() == 2 || args.size() == 3) && schema.returns().size() == 1 &&
+              script_is_tensor(schema.returns()[0].type());
+    for (size_t i = 1; ok && i < args.size(); ++i) ok = script_is_tensor(args[i].type());
+    XLOCO_ENFORCE(ok, ConfigError, "{}: forward is `{}`; {}", path_, script_schema_text(schema),
+                  kScriptContract);
+    takes_targets_ = args.size() == 3;
+  }
+
+  void collect_state() {
+    std::unordered_set<const void*> seen;
+    std::vector<StateTensor> frozen;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+      if (!seen.insert(p.value.unsafeGetTensorImpl()).second) continue;  // tied: stored once
+      XLOCO_ENFORCE(p.value.scalar_type() == torch::kFloat32, ConfigError,
+                    "{}: parameter {} is {}; xloco trains float32 parameters (call .float() "
+                    "on the module before torch.jit.script)",
+                    path_, p.name, c10::str(p.value.scalar_type()));
+      (p.value.requires_grad() ? state_ : frozen).push_back({p.name, p.value, p.value.requires_grad()});
+    }
+    XLOCO_ENFORCE(!state_.empty(), ConfigError,
+                  "{}: the module has no trainable parameters (requires_grad=True)", path_);
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) {
+      if (!seen.insert(b.value.unsafeGetTensorImpl()).second) continue;
+      if (b.value.scalar_type() == torch::kFloat32) {
+        frozen.push_back({b.name, b.value, false});
+      } else if (b.value.scalar_type() == torch::kInt64) {
+        local_.push_back({b.name, b.value, false});
+      } else {
+        throw ConfigError(fmt::format(
+            "{}: buffer {} is {}; xloco keeps float32 buffers (averaged over providers each "
+            "round) and int64 buffers (per rank)", path_, b.name, c10::str(b.value.scalar_type())));
+      }
+    }
+    state_.insert(state_.end(), frozen.begin(), frozen.end());
+  }
+
+  std::string path_;
+  torch::jit::Module module_;
+  bool takes_targets_ = true, has_logits_ = false, can_sample_ = false;
+  int64_t context_ = 0;
+  std::vector<StateTensor> state_, local_;
+};
+
+}  // namespace
+
+std::shared_ptr<Net> load_script_model(const common::Config& config) {
+  return std::make_shared<ScriptNet>(config);
+}
+
+}  // namespace xloco::inner
