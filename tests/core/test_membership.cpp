@@ -440,6 +440,10 @@ TEST_SUITE("membership") {
     CHECK(round_token_allowance(c, 1) == 50u * 8 * 128);
     CHECK(round_token_allowance(c, 3) == 20u * 8 * 128);  // steps 100..119
     CHECK(round_token_allowance(c, 4) == 0u);
+    c.model.kind = common::ModelKind::kTorchScript;  // a Python model on text: tokens too
+    CHECK(round_token_allowance(c, 1) == 50u * 8 * 128);
+    c.data.dataset = common::DatasetKind::kFmnist;  // images count one each, whatever the model
+    CHECK(round_token_allowance(c, 1) == 50u * 8);
     c.model.kind = common::ModelKind::kCnn;
     CHECK(round_token_allowance(c, 1) == 50u * 8);
   }
