@@ -8,6 +8,11 @@ echo "== inner step throughput: xloco vs PyTorch"
 /usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco"
 echo "== inner step throughput: built-in tiny GPT vs its TorchScript twin"
 /usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco" --torchscript
+mm=$(find "$BUILD/experiments/bench" -name bench_matmul -type f -executable 2>/dev/null | head -1)
+if [ -n "$mm" ]; then
+  echo "== model FLOPs utilisation (1 intra-op x 1 OpenBLAS thread)"
+  /usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco" --mfu "$mm"
+fi
 for b in bench_codec bench_net; do
   exe=$(find "$BUILD/experiments/bench" -name "$b" -type f -executable 2>/dev/null | head -1)
   if [ -n "$exe" ]; then

@@ -5,7 +5,10 @@ both see the same machine state. Also sweeps LibTorch intra-op x OpenBLAS thread
 
 usage: throughput.py XLOCO_BIN [--steps N] [--repeats R]
        throughput.py XLOCO_BIN --torchscript   # the built-in tiny GPT against its TorchScript
-                                               # twin (examples/tiny_gpt.py), both in xloco"""
+                                               # twin (examples/tiny_gpt.py), both in xloco
+       throughput.py XLOCO_BIN --mfu BENCH_MATMUL   # model FLOPs utilisation at 1 x 1 threads:
+                                               # the tiny GPT and a 25 M GPT against LibTorch's
+                                               # sgemm at their shapes (bench_matmul), one run"""
 import argparse
 import json
 import os
@@ -13,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import platform
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -32,6 +36,17 @@ def xloco_rate(binary, steps, threads, blas, batch, extra=()):
         return statistics.mean(rates)
 
 
+def machine():
+    """The machine a figure belongs to: CPU model (lscpu), cores, kernel."""
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, Linux {platform.release()}"
+
+
 def torch_rate(steps, threads, blas, batch):
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(blas), OMP_NUM_THREADS=str(threads))
     out = subprocess.run([sys.executable if sys.executable.startswith("/usr/bin") else "/usr/bin/python3",
@@ -49,7 +64,12 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--torchscript", action="store_true",
                     help="built-in tiny GPT vs its TorchScript twin, both trained by xloco")
+    ap.add_argument("--mfu", metavar="BENCH_MATMUL",
+                    help="model FLOPs utilisation against this bench_matmul binary's sgemm")
     a = ap.parse_args()
+    print(f"# machine: {machine()}")
+    if a.mfu:
+        return mfu(a)
     if a.torchscript:
         return torchscript(a)
     cores = os.cpu_count()
@@ -70,6 +90,49 @@ def main():
     print(f"\nbest xloco:   {xl[bx]:.0f} tok/s at {bx[0]} intra-op x {bx[1]} OpenBLAS threads")
     print(f"best PyTorch: {pt[bp]:.0f} tok/s at {bp[0]} intra-op x {bp[1]} OpenBLAS threads")
     print(f"ratio best xloco / best PyTorch = {xl[bx] / pt[bp]:.2f} (goal >= 1.15)")
+
+
+def sgemm_rates(bench, d, tokens):
+    """FLOP/s of bench_matmul's products at width d and `tokens` rows, 1 intra-op x 1 OpenBLAS
+    thread."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    out = subprocess.run([bench, f"--benchmark_filter=/K:{d}/|/N:{d}/t:1", "--benchmark_format=json"],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    rows = []
+    for b in json.loads(out)["benchmarks"]:
+        parts = dict(p.split(":") for p in b["name"].split("/")[1:])
+        M, K, N = int(parts["M"]), int(parts["K"]), int(parts["N"])
+        if M != tokens or d not in (K, N):
+            continue
+        rows.append({"shape": f"{M}x{K}x{N}" + ("" if parts["t"] == "1" else " (B not transposed)"),
+                     "flops": 2.0 * M * K * N, "rate": b["FLOP/s"]})
+    return rows
+
+
+def mfu(a):
+    """Achieved model FLOP/s of xloco train at 1 x 1 threads against the sgemm rate at the same
+    shapes. Model FLOPs per token: 6 x (matmul weights: 12 d^2 per layer + the tied head d x V)
+    + 12 x layers x T x d (attention scores and mixing, forward and backward)."""
+    models = [("tiny GPT (d128 L4 H4 T128, 0.84 M), batch 32", 128, 4, 4, 32, 40),
+              ("25 M GPT (d512 L8 H8 T128), batch 8", 512, 8, 8, 8, 15)]
+    T, V = 128, 256
+    print("| model | tok/s (1 x 1) | model GFLOP/s | sgemm GFLOP/s at its shapes: best (FLOP-weighted, min) | MFU: vs best sgemm (vs FLOP-weighted) |")
+    print("|---|---|---|---|---|")
+    for label, d, L, H, batch, steps in models:
+        extra = ("--set", f"model.d_model={d}", "--set", f"model.n_layer={L}", "--set", f"model.n_head={H}")
+        rate = xloco_rate(a.xloco, steps, 1, 1, batch, extra)
+        n_mm = L * 12 * d * d + d * V
+        flops_per_token = 6 * n_mm + 12 * L * T * d
+        achieved = rate * flops_per_token
+        rows = sgemm_rates(a.mfu, d, batch * T)
+        fwd = [r for r in rows if "not transposed" not in r["shape"]]
+        # The rate of a step that did nothing but these products, each as often as the model does.
+        peak = sum(r["flops"] for r in fwd) / sum(r["flops"] / r["rate"] for r in fwd)
+        lo, hi = min(r["rate"] for r in rows), max(r["rate"] for r in rows)
+        print(f"| {label} | {rate:.0f} | {achieved / 1e9:.2f} | {hi / 1e9:.2f} ({peak / 1e9:.2f}, {lo / 1e9:.2f}) | "
+              f"{achieved / hi:.3f} ({achieved / peak:.3f}) |", flush=True)
+        for r in rows:
+            print(f"|  sgemm {r['shape']} | | | {r['rate'] / 1e9:.2f} | |")
 
 
 def torchscript(a):
