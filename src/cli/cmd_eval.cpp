@@ -58,10 +58,10 @@ void add_eval_command(CLI::App& app) {
                                 inner::resolve_device(a->device));
     const auto e = trainer.evaluate(*data);
     // Text (gpt, or a TorchScript model on a text data set) counts tokens; fmnist images.
-    const bool gpt = loaded.config.data.dataset != common::DatasetKind::kFmnist;
+    const bool text = loaded.config.data.dataset != common::DatasetKind::kFmnist;
     const auto batches = data->eval_batches(0, 1);  // what evaluate() scored, cut once more here
     std::string per_byte;
-    if (const auto tokenizer = gpt ? inner::tokenizer_for(loaded.config.data) : nullptr) {
+    if (const auto tokenizer = text ? inner::tokenizer_for(loaded.config.data) : nullptr) {
       const auto lengths = tokenizer->token_bytes();
       int64_t bytes = 0;
       for (const auto& b : batches) {
@@ -79,9 +79,9 @@ void add_eval_command(CLI::App& app) {
     }
     fmt::print("eval loss {:.4f}{}{} over {} {} (step {})\n", e.loss,
                e.accuracy ? fmt::format(" | accuracy {:.2f}%", 100 * *e.accuracy) : "",
-               per_byte, e.count, gpt ? "tokens" : "images", loaded.step);
+               per_byte, e.count, text ? "tokens" : "images", loaded.step);
     if (!a->logits_out.empty()) {
-      XLOCO_ENFORCE(gpt && loaded.model->has_logits(), common::ConfigError,
+      XLOCO_ENFORCE(text && loaded.model->has_logits(), common::ConfigError,
                     "--logits-out needs a text model with logits (gpt, or a TorchScript module "
                     "with a logits method)");
       torch::NoGradGuard guard;

@@ -11,6 +11,7 @@
 #include "cli/png.h"
 #include "common/error.h"
 #include "inner/checkpoint.h"
+#include "inner/data.h"
 #include "inner/runtime.h"
 #include "inner/tokenizer.h"
 
@@ -32,7 +33,7 @@ nlohmann::json score_samples(const torch::Tensor& samples, const std::string& cl
                 c10::str(samples.sizes()));
   torch::NoGradGuard guard;
   cnn.model->eval();
-  const auto x = (samples.to(torch::kCPU) - 0.2860) / 0.3530;  // the data set's normalisation
+  const auto x = (samples.to(torch::kCPU) - inner::kFmnistMean) / inner::kFmnistStd;
   std::vector<torch::Tensor> probs;
   for (int64_t i = 0; i < x.size(0); i += 256) {
     probs.push_back(cnn.model->logits(x.narrow(0, i, std::min<int64_t>(256, x.size(0) - i)))

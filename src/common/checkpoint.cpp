@@ -34,7 +34,10 @@ struct Digest {
   }
 };
 
-// Size and 16-byte BLAKE2b of a file, read back in 1 MiB pieces.
+bool is_checkpoint_name(const std::string& n) { return !n.empty() && n[0] != '.'; }
+
+}  // namespace
+
 std::pair<uint64_t, std::string> file_digest(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   XLOCO_ENFORCE(fd >= 0, IoError, "cannot open {}: {}", path.string(), std::strerror(errno));
@@ -61,10 +64,6 @@ std::pair<uint64_t, std::string> file_digest(const fs::path& path) {
   for (const unsigned char c : out) hex += fmt::format("{:02x}", c);
   return {total, hex};
 }
-
-bool is_checkpoint_name(const std::string& n) { return !n.empty() && n[0] != '.'; }
-
-}  // namespace
 
 std::string write_checkpoint(const std::string& root, const std::string& name,
                              const CheckpointContents& contents, int keep) {

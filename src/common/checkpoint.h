@@ -7,9 +7,11 @@
 // newest complete one and say why they skipped the others.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -54,6 +56,9 @@ std::vector<std::string> remove_stale_temp(const std::string& root);
 // Creates DIR if needed and proves a file can be written, fsynced and removed there; throws
 // IoError naming DIR and the reason (read-only, no space, permissions).
 void check_writable(const std::string& dir);
+
+// Size and 16-byte BLAKE2b (hex) of a file, read in 1 MiB pieces; IoError naming the path.
+std::pair<uint64_t, std::string> file_digest(const std::filesystem::path& path);
 
 // Reads DIR/state.json; throws IoError naming the path.
 nlohmann::json read_checkpoint_state(const std::string& dir);

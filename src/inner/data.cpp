@@ -263,7 +263,7 @@ class FmnistDataset : public Dataset {
   static torch::Tensor images(const Idx& x) {
     auto t = torch::from_blob(const_cast<uint8_t*>(x.data.data()), {x.dims[0], 1, 28, 28},
                               torch::kUInt8).to(torch::kFloat32);
-    return (t / 255.0 - 0.2860) / 0.3530;  // Fashion-MNIST mean and std
+    return (t / 255.0 - kFmnistMean) / kFmnistStd;
   }
   static torch::Tensor labels(const Idx& y) {
     return torch::from_blob(const_cast<uint8_t*>(y.data.data()), {y.dims[0]}, torch::kUInt8)

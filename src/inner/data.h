@@ -79,6 +79,8 @@ Idx read_idx(const std::string& path);
 std::vector<int64_t> fmnist_shard(const std::vector<uint8_t>& labels, Shard shard,
                                   common::Sharding sharding, double alpha, uint64_t seed);
 std::string default_fmnist_dir();
+// The normalisation of every Fashion-MNIST image the data set gives: (pixel/255 − mean) / std.
+constexpr double kFmnistMean = 0.2860, kFmnistStd = 0.3530;
 
 // A 64-bit seed mixing its parts (splitmix64), for per-(seed, provider, step) generators.
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0);

@@ -8,10 +8,10 @@
 #include <random>
 
 #include <nlohmann/json.hpp>
-#include <sodium.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "common/checkpoint.h"
 #include "common/error.h"
 #include "inner/data.h"
 #include "inner/tokenizer.h"
@@ -218,19 +218,7 @@ void resolve_module(common::Config& config) {
   std::ifstream in(m.path, std::ios::binary);
   XLOCO_ENFORCE(in.good(), ConfigError, "model.path {}: cannot open it (a module saved by "
                 "torch.jit.save; see examples/)", m.path);
-  // Streamed: a GPT-2-sized module is half a gigabyte.
-  crypto_generichash_state st;
-  unsigned char digest[16];
-  crypto_generichash_init(&st, nullptr, 0, sizeof digest);
-  std::vector<char> buf(1 << 20);
-  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
-    crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(buf.data()),
-                              static_cast<unsigned long long>(in.gcount()));
-  }
-  crypto_generichash_final(&st, digest, sizeof digest);
-  char hex[2 * sizeof digest + 1];
-  sodium_bin2hex(hex, sizeof hex, digest, sizeof digest);
-  m.file_hash = hex;
+  m.file_hash = common::file_digest(m.path).second;  // streamed: a GPT-2-sized module is 0.5 GB
 }
 
 common::Config load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

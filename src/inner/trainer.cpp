@@ -65,6 +65,7 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
   model_->to(device_);
   // θ's order: trained >=2-D weights (decayed), the other trained tensors, then float buffers.
   std::map<std::string, torch::Tensor> named;
+  int64_t trained = 0;
   for (int pass = 0; pass < 3; ++pass) {
     for (const auto& t : model_->state()) {
       const int kind = !t.trained ? 2 : t.tensor.dim() >= 2 ? 0 : 1;
@@ -73,9 +74,9 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
       named[t.name] = t.tensor;
     }
     if (pass == 0) decay_numel_ = layout_.numel;
-    if (pass == 1) trained_numel_ = layout_.numel;
+    if (pass == 1) trained = layout_.numel;
   }
-  if (trained_numel_ < layout_.numel) layout_.buffers_offset = trained_numel_;
+  if (trained < layout_.numel) layout_.buffers_offset = trained;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   params_ = torch::empty({layout_.numel}, opts);
   torch::NoGradGuard guard;
@@ -95,10 +96,11 @@ InnerTrainer::InnerTrainer(const common::Config& config, std::shared_ptr<Net> mo
 void InnerTrainer::ensure_training_buffers() {
   if (grads_.defined()) return;
   grads_ = torch::zeros({params_.numel() + 2}, params_.options());
-  for (auto& t : model_->state()) {
-    if (!t.trained) continue;
-    const auto& s = layout_.slots.at(slot_index(t.name));
-    t.tensor.mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : model_->state()) named[t.name] = t.tensor;
+  for (const auto& s : layout_.slots) {
+    if (s.offset >= layout_.trained_numel()) break;  // float buffers have no gradient
+    named.at(s.name).mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.shape);
   }
   if (!exp_avg_.defined()) reset_optimizer();
 }
@@ -142,7 +144,7 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
   st.stop = grads_[params_.numel() + 1].item<double>() > 0;
   XLOCO_ENFORCE(std::isfinite(st.loss), common::Error,
                 "step {}: loss is {} (diverged); lower inner.lr or check the data", step, st.loss);
-  auto g = grads_.narrow(0, 0, trained_numel_);
+  auto g = grads_.narrow(0, 0, layout_.trained_numel());
   st.grad_norm = g.norm().item<double>();
   if (config_.inner.grad_clip > 0 && st.grad_norm > config_.inner.grad_clip) {
     g.mul_(config_.inner.grad_clip / (st.grad_norm + 1e-6));
@@ -156,7 +158,7 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
 void InnerTrainer::apply_adamw(double lr) {
   torch::NoGradGuard guard;
   const auto& in = config_.inner;
-  auto g = grads_.narrow(0, 0, trained_numel_);
+  auto g = grads_.narrow(0, 0, layout_.trained_numel());
   ++adam_t_;
   // PyTorch's AdamW order: decoupled decay first, then the Adam update.
   if (in.weight_decay > 0 && decay_numel_ > 0) {
@@ -166,7 +168,7 @@ void InnerTrainer::apply_adamw(double lr) {
   const double bc2 = 1.0 - std::pow(in.beta2, static_cast<double>(adam_t_));
   // In chunks, so the one temporary (the denominator) is 4 MiB, not a copy of the model.
   constexpr int64_t kChunk = 1 << 20;
-  const int64_t n = trained_numel_;  // float buffers after it are not trained
+  const int64_t n = layout_.trained_numel();  // float buffers after it are not trained
   for (int64_t off = 0; off < n; off += kChunk) {
     const int64_t len = std::min(kChunk, n - off);
     auto p = params_.narrow(0, off, len), gc = g.narrow(0, off, len);
@@ -251,12 +253,6 @@ void InnerTrainer::load_model(const common::SafetensorsFile& file) {
   }
 }
 
-size_t InnerTrainer::slot_index(const std::string& name) const {
-  for (size_t i = 0; i < layout_.slots.size(); ++i) {
-    if (layout_.slots[i].name == name) return i;
-  }
-  throw common::Error(fmt::format("no parameter {} in the layout", name));
-}
 
 void InnerTrainer::broadcast_optimizer() {
   ensure_training_buffers();

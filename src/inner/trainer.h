@@ -80,11 +80,9 @@ class InnerTrainer {
   Group& group_;
   torch::Device device_;
   void ensure_training_buffers();
-  size_t slot_index(const std::string& name) const;
 
   common::FlatLayout layout_;
   int64_t decay_numel_ = 0;
-  int64_t trained_numel_ = 0;  // float buffers follow the trained parameters in θ
   uint64_t rng_stream_ = 0;
   torch::Tensor params_, grads_;  // grads_ ends with two extra slots: loss, stop request
   torch::Tensor exp_avg_, exp_avg_sq_;  // allocated at the first step (the head never trains)

@@ -17,31 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-SRC = Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-XLOCO = os.environ.get("XLOCO_BIN", str(SRC / "build/src/cli/xloco"))
-sys.path.insert(0, str(SRC / "tests"))
+sys.path.insert(0, str(Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "tests"))
+from cli_checks import SRC, check, failures, torch_python, xloco  # noqa: E402
 from llmc_reader import spm_tokens, stream  # noqa: E402
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def xloco(*args, cwd=None):
-    res = subprocess.run([XLOCO, *map(str, args)], capture_output=True, text=True, cwd=cwd)
-    return res.returncode, res.stdout + res.stderr
-
-
-def torch_python():
-    """An interpreter with torch (python3-torch is Debian's, under /usr/bin/python3)."""
-    for exe in (sys.executable, "/usr/bin/python3"):
-        if subprocess.run([exe, "-c", "import torch"], capture_output=True).returncode == 0:
-            return exe
-    return None
 
 
 def text(seed, lines):
