@@ -16,6 +16,7 @@
 #include "common/process.h"
 #include "common/safetensors.h"
 #include "inner/checkpoint.h"
+#include "inner/blas_core.h"
 #include "inner/runtime.h"
 #include "inner/trainer.h"
 #include "inner/data.h"
@@ -56,6 +57,7 @@ int run_rank(const TrainArgs& a, const common::Config& cfg) {
   spdlog::info("{} | {} params | {} | {} rank(s) x {} intra-op x {} OpenBLAS thread(s) on {}", common::to_string(cfg.model.kind),
                inner::count_parameters(trainer.model()), data->describe(), dist.world,
                threads.intra_op, threads.blas, device.str());
+  spdlog::info("{}", inner::blas_core_summary());
 
   int64_t start = 0;
   if (!a.init.empty()) {

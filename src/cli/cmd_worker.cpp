@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "inner/dist.h"
+#include "inner/blas_core.h"
 #include "inner/runtime.h"
 #include "net/keys.h"
 #include "net/zmq/transport.h"
@@ -61,6 +62,7 @@ void add_worker_command(CLI::App& app) {
         static_cast<int64_t>(std::max(cfg.outer.round_timeout_s, cfg.outer.head_timeout_s)) + 60);
     inner::configure_threads(cfg.run, ranks_on_host(dist.world));
     if (dist.rank != 0) spdlog::set_level(spdlog::level::warn);
+    spdlog::info("{}", inner::blas_core_summary());
     std::unique_ptr<net::Transport> link;
     if (dist.rank == 0) {
       net::zeromq::ClientOptions co;

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "common/alloc.h"
 #include "common/error.h"
+#include "inner/blas_core.h"
 
 namespace xloco::cli {
 namespace {
@@ -28,6 +29,11 @@ void warn_if_in_argv(const std::string& secret, const std::string& option, const
 }  // namespace xloco::cli
 
 int main(int argc, char** argv) {
+  // Before anything else: OpenBLAS's kernels can only be chosen before it loads (blas_core.h).
+  if (argc > 1 && xloco::inner::command_uses_blas(argv[1])) {
+    const std::string note = xloco::inner::reexec_with_blas_core(argv);
+    if (!note.empty()) std::fprintf(stderr, "xloco: warning: %s\n", note.c_str());
+  }
   xloco::cli::set_argv_for_main(argc, argv);
   // Every command trains or evaluates unless it says otherwise (`xloco head` does).
   xloco::common::set_alloc_policy(xloco::common::AllocPolicy::kTrainer);

@@ -45,6 +45,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("run.device", c.run.device, Choices{});
   v("run.threads", c.run.threads, Range{0, 1024});
   v("run.blas_threads", c.run.blas_threads, Range{0, 1024});
+  v("run.kernels", c.run.kernels, Choices{"fused", "aten"});
   v("data.dataset", c.data.dataset, Named{});
   v("data.sharding", c.data.sharding, Named{});
   v("data.dirichlet_alpha", c.data.dirichlet_alpha, Range{1e-3, 1e6});

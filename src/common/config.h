@@ -29,6 +29,8 @@ struct RunConfig {
   std::string device = "auto"; // auto (CUDA when present) | cpu | cuda | cuda:N
   int threads = 0;             // intra-op threads per rank; 0 = 1 (measured, RESULTS.md)
   int blas_threads = 0;        // OpenBLAS threads per rank; 0 = cores / ranks on this host
+  std::string kernels = "fused";  // CPU GPT kernels: fused (src/inner/kernels.h) | aten (LibTorch's
+                                  // ops); the same model, different rounding
 };
 
 struct DataConfig {

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "inner/data.h"
+#include "inner/kernels.h"
 #include "inner/script_model.h"
 
 namespace xloco::inner {
@@ -17,20 +18,16 @@ using torch::nn::Linear;
 namespace {
 
 struct AttentionImpl : torch::nn::Module {
-  AttentionImpl(int d, int heads) : n_head(heads) {
+  AttentionImpl(int d, int heads, bool fused) : n_head(heads), fused(fused) {
     c_attn = register_module("c_attn", Linear(d, 3 * d));
     c_proj = register_module("c_proj", Linear(d, d));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask) {
-    const auto B = x.size(0), T = x.size(1), C = x.size(2), hs = C / n_head;
-    auto qkv = c_attn(x).view({B, T, 3, n_head, hs}).permute({2, 0, 3, 1, 4});
-    auto q = qkv[0], k = qkv[1], v = qkv[2];
-    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));
-    att = att.masked_fill(mask.narrow(0, 0, T).narrow(1, 0, T), -INFINITY).softmax(-1);
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
-    return c_proj(y);
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto qkv = c_attn(x);
+    return c_proj(fused ? causal_attention(qkv, n_head) : causal_attention_aten(qkv, n_head));
   }
   int n_head;
+  bool fused;  // run.kernels: src/inner/kernels.h, or LibTorch's ops
   Linear c_attn{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(Attention);
@@ -48,14 +45,14 @@ struct MlpImpl : torch::nn::Module {
 TORCH_MODULE(Mlp);
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int d, int heads) {
+  BlockImpl(int d, int heads, bool fused) {
     ln_1 = register_module("ln_1", LayerNorm(LayerNormOptions({d})));
-    attn = register_module("attn", Attention(d, heads));
+    attn = register_module("attn", Attention(d, heads, fused));
     ln_2 = register_module("ln_2", LayerNorm(LayerNormOptions({d})));
     mlp = register_module("mlp", Mlp(d));
   }
-  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
-    x = x + attn(ln_1(x), mask);
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn(ln_1(x));
     return x + mlp(ln_2(x));
   }
   LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -65,11 +62,11 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct TransformerImpl : torch::nn::Module {
-  TransformerImpl(const common::ModelConfig& m) {
+  TransformerImpl(const common::ModelConfig& m, bool fused) {
     wte = register_module("wte", torch::nn::Embedding(m.vocab_size, m.d_model));
     wpe = register_module("wpe", torch::nn::Embedding(m.seq_len, m.d_model));
     h = register_module("h", torch::nn::ModuleList());
-    for (int i = 0; i < m.n_layer; ++i) h->push_back(Block(m.d_model, m.n_head));
+    for (int i = 0; i < m.n_layer; ++i) h->push_back(Block(m.d_model, m.n_head, fused));
     ln_f = register_module("ln_f", LayerNorm(LayerNormOptions({m.d_model})));
   }
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
@@ -80,8 +77,8 @@ TORCH_MODULE(Transformer);
 
 class Gpt : public Net {
  public:
-  explicit Gpt(const common::ModelConfig& m) : config_(m) {
-    transformer = register_module("transformer", Transformer(m));
+  Gpt(const common::ModelConfig& m, bool fused_kernels) : config_(m) {
+    transformer = register_module("transformer", Transformer(m, fused_kernels));
     // nanoGPT init: normal(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer).
     torch::NoGradGuard guard;
     for (auto& p : named_parameters()) {
@@ -94,17 +91,15 @@ class Gpt : public Net {
         t.normal_(0.0, residual ? 0.02 / std::sqrt(2.0 * m.n_layer) : 0.02);
       }
     }
-    mask_ = torch::ones({m.seq_len, m.seq_len}, torch::kBool).triu(1);
   }
 
   torch::Tensor logits(const torch::Tensor& x) override {
     const auto T = x.size(1);
     TORCH_CHECK(T <= config_.seq_len, "sequence length ", T, " exceeds model.seq_len ",
                 config_.seq_len);
-    if (mask_.device() != x.device()) mask_ = mask_.to(x.device());
     auto pos = torch::arange(T, x.options().dtype(torch::kInt64));
     auto hidden = transformer->wte(x) + transformer->wpe(pos);
-    for (const auto& block : *transformer->h) hidden = block->as<Block>()->forward(hidden, mask_);
+    for (const auto& block : *transformer->h) hidden = block->as<Block>()->forward(hidden);
     hidden = transformer->ln_f(hidden);
     return F::linear(hidden, transformer->wte->weight);  // tied head, no bias
   }
@@ -120,7 +115,6 @@ class Gpt : public Net {
 
  private:
   common::ModelConfig config_;
-  torch::Tensor mask_;
 };
 
 class Cnn : public Net {
@@ -154,7 +148,7 @@ std::shared_ptr<Net> make_model(const common::Config& config) {
   if (config.model.kind == common::ModelKind::kGpt) {
     common::Config c = config;
     if (c.model.vocab_size == 0) resolve_vocab(c);  // configs written before model.vocab_size
-    return std::make_shared<Gpt>(c.model);
+    return std::make_shared<Gpt>(c.model, c.run.kernels == "fused");
   }
   return std::make_shared<Cnn>();
 }

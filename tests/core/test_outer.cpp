@@ -39,7 +39,7 @@ using test::run_xloco;
 
 std::string cfg() { return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json"; }
 
-std::string small(const std::string& dir, const std::string& name) {
+std::string outer_small(const std::string& dir, const std::string& name) {
   return " --config " + cfg() + " --set run.dir=" + dir + " --set run.name=" + name +
          " --set model.d_model=32 --set model.n_layer=1 --set model.n_head=2"
          " --set model.seq_len=32 --set inner.batch_size=8 --set inner.warmup_steps=2"
@@ -196,10 +196,10 @@ TEST_SUITE("outer") {
     // The design default inner lr (4e-4): AdamW amplifies the outer step's fp32 rounding
     // (theta - (theta - theta_1)) in proportion to the learning rate.
     const std::string lr = " --set inner.lr=4e-4 --set inner.min_lr=4e-5";
-    auto t = run_xloco("train" + small(dir.str(), "single") + " --set inner.steps=20" + lr);
+    auto t = run_xloco("train" + outer_small(dir.str(), "single") + " --set inner.steps=20" + lr);
     INFO(t.out);
     REQUIRE(t.code == 0);
-    auto l = run_xloco("local --providers 1" + small(dir.str(), "diloco") +
+    auto l = run_xloco("local --providers 1" + outer_small(dir.str(), "diloco") +
                    " --set inner.steps=20 --set outer.inner_steps=1 --set outer.lr=1"
                    " --set outer.momentum=0 --set outer.codec_up=fp32 --set outer.codec_down=fp32"
                    " --set outer.eval_every=0" + lr);
@@ -218,7 +218,7 @@ TEST_SUITE("outer") {
       return;
     }
     test::ScratchDir dir("fp32");
-    auto l = run_xloco("local --providers 2" + small(dir.str(), "r") +
+    auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "r") +
                    " --set inner.steps=12 --set outer.inner_steps=4 --set outer.codec_up=fp32"
                    " --set outer.codec_down=fp32 --set outer.shared_data=true");
     INFO(l.out);
@@ -244,7 +244,7 @@ TEST_SUITE("outer") {
       return;
     }
     test::ScratchDir dir("int8");
-    auto l = run_xloco("local --providers 2" + small(dir.str(), "q") +
+    auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "q") +
                    " --set inner.steps=15 --set outer.inner_steps=5");
     INFO(l.out);
     REQUIRE(l.code == 0);
@@ -264,7 +264,7 @@ TEST_SUITE("outer") {
     std::vector<outer::RunSummary> runs;
     for (const auto& [name, order] : {std::pair{"fwd", "0,1,2"}, std::pair{"rev", "2,1,0"}}) {
       const auto l = run_xloco("local --providers 3 --start-order " + std::string(order) +
-                               small(dir.str(), name) + budget);
+                               outer_small(dir.str(), name) + budget);
       INFO(l.out);
       REQUIRE(l.code == 0);
       check_replicas_agree(dir.path / name, 3);
@@ -294,7 +294,7 @@ TEST_SUITE("outer_faults") {
       return;
     }
     test::ScratchDir dir("term");
-    const std::string args = "local --providers 1" + small(dir.str(), "t") +
+    const std::string args = "local --providers 1" + outer_small(dir.str(), "t") +
                              " --set inner.steps=4000 --set outer.inner_steps=5"
                              " --set outer.checkpoint_every=1000";
     const auto log = dir.str() + "/first.log";
@@ -316,7 +316,7 @@ TEST_SUITE("outer_faults") {
 
     // resume with a shorter budget so it ends soon after
     const auto log2 = dir.str() + "/second.log";
-    const std::string args2 = "local --providers 1 --resume" + small(dir.str(), "t") +
+    const std::string args2 = "local --providers 1 --resume" + outer_small(dir.str(), "t") +
                               " --set inner.steps=4000 --set outer.inner_steps=5"
                               " --set outer.checkpoint_every=1000";
     const pid_t pid2 = start_group(args2, log2);
@@ -340,7 +340,7 @@ TEST_SUITE("outer_faults") {
     }
     test::ScratchDir dir("ctrlc");
     const auto log = dir.str() + "/out.log";
-    const pid_t pid = start_group("local --providers 2 --nproc 2" + small(dir.str(), "c") +
+    const pid_t pid = start_group("local --providers 2 --nproc 2" + outer_small(dir.str(), "c") +
                                   " --set inner.steps=100000 --set outer.inner_steps=5", log);
     test::GroupGuard guard(pid);
     REQUIRE(wait_rounds(dir.path / "c/metrics/head.jsonl", 1, pid));
