@@ -28,7 +28,7 @@ template <class E> constexpr std::array<const char*, 0> kNames{};
 template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist", "tokens"};
 template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet", "contiguous"};
 template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn", "torchscript"};
-template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4"};
+template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk"};
 
 template <class E>
 const char* name_of(E e) {
@@ -81,6 +81,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.codec_up", c.outer.codec_up, Named{});
   v("outer.codec_down", c.outer.codec_down, Named{});
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
+  v("outer.topk", c.outer.topk, Range{0, 1 << 16});
   v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
   v("outer.providers", c.outer.providers, Range{1, 4096});
   v("outer.min_providers", c.outer.min_providers, Range{1, 4096});
@@ -241,6 +242,14 @@ void validate(const Config& c) {
                 c.outer.dead_after_s, c.outer.heartbeat_s);
   XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kInt4 || c.outer.block_size % 2 == 0, ConfigError,
                 "config: outer.block_size = {} must be even for int4", c.outer.block_size);
+  if (c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk) {
+    XLOCO_ENFORCE(c.outer.block_size <= (1 << 16), ConfigError,
+                  "config: outer.block_size = {} is above 65536, the largest topk block",
+                  c.outer.block_size);
+    XLOCO_ENFORCE(c.outer.topk <= c.outer.block_size, ConfigError,
+                  "config: outer.topk = {} exceeds outer.block_size = {}", c.outer.topk,
+                  c.outer.block_size);
+  }
   XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
                 "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
 }

@@ -16,7 +16,7 @@ namespace xloco::common {
 enum class DatasetKind { kKjv, kFmnist, kTokens };
 enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
 enum class ModelKind { kGpt, kCnn, kTorchScript };
-enum class CodecKind { kFp32, kBf16, kInt8, kInt4 };
+enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk };
 const char* to_string(DatasetKind kind);
 const char* to_string(Sharding sharding);
 const char* to_string(ModelKind kind);
@@ -80,9 +80,10 @@ struct OuterConfig {
   double lr = 0.7;               // outer SGD learning rate
   double momentum = 0.9;         // outer momentum
   bool nesterov = true;          // Nesterov momentum (DiLoCo)
-  CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4
+  CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4 | topk
   CodecKind codec_down = CodecKind::kInt8;  // head -> provider update
-  int block_size = 256;          // quantization block (int8, int4)
+  int block_size = 256;          // quantization block (int8, int4), or top-k chunk (topk, ≤ 65536)
+  int topk = 0;                  // topk: values sent per block; 0 = block_size / 64 (at least 1)
   int zstd_level = 1;            // 0 = store raw
   int providers = 1;             // K: providers the head waits for before round 1 (and shards)
   int min_providers = 1;         // a round may close with this many contributions

@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "common/error.h"
@@ -20,15 +21,18 @@ std::string_view to_string(Codec codec) {
       return "int8";
     case Codec::kInt4:
       return "int4";
+    case Codec::kTopk:
+      return "topk";
   }
   return "unknown";
 }
 
 Codec parse_codec(std::string_view name) {
-  for (const Codec c : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+  for (const Codec c : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
     if (name == to_string(c)) return c;
   }
-  throw common::ConfigError(fmt::format("codec '{}' is not one of fp32, bf16, int8, int4", name));
+  throw common::ConfigError(
+      fmt::format("codec '{}' is not one of fp32, bf16, int8, int4, topk", name));
 }
 
 const char* to_string(FrameErrorKind kind) {
@@ -54,13 +58,20 @@ const char* to_string(FrameErrorKind kind) {
 }
 
 void validate(const CodecConfig& config) {
-  XLOCO_ENFORCE(static_cast<uint8_t>(config.codec) <= static_cast<uint8_t>(Codec::kInt4),
+  XLOCO_ENFORCE(static_cast<uint8_t>(config.codec) <= static_cast<uint8_t>(Codec::kTopk),
                 common::ConfigError, "compress.codec: unknown codec id {}",
                 static_cast<int>(config.codec));
   XLOCO_ENFORCE(config.block_size >= 1 && config.block_size <= kMaxBlockSize, common::ConfigError,
                 "compress.block_size: {} is outside [1, {}]", config.block_size, kMaxBlockSize);
   XLOCO_ENFORCE(config.codec != Codec::kInt4 || config.block_size % 2 == 0, common::ConfigError,
                 "compress.block_size: int4 packs pairs of values, {} is odd", config.block_size);
+  XLOCO_ENFORCE(config.codec != Codec::kTopk ||
+                    (config.block_size <= kMaxTopkBlock && config.topk >= 1 &&
+                     config.topk <= config.block_size),
+                common::ConfigError,
+                "compress: topk needs block_size ≤ {} and 1 ≤ topk ≤ block_size (block_size {}, "
+                "topk {})",
+                kMaxTopkBlock, config.block_size, config.topk);
   XLOCO_ENFORCE(config.zstd_level == 0 || (config.zstd_level >= ZSTD_minCLevel() &&
                                            config.zstd_level <= ZSTD_maxCLevel()),
                 common::ConfigError, "compress.zstd_level: {} is outside [{}, {}]",
@@ -83,8 +94,18 @@ void validate(const Limits& limits) {
                 "bytes ≤ 2^62, tensors < 2^32, name bytes < 2^16, rank < 256)");
 }
 
-uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size) {
+uint64_t topk_block_bytes(uint32_t len, uint32_t topk) {
+  const uint64_t k = std::min(len, topk);
+  return 4 + 2 * k + (k + 3) / 4;
+}
+
+uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk) {
   switch (codec) {
+    case Codec::kTopk: {
+      const uint64_t full = n / block_size, tail = n % block_size;
+      return full * topk_block_bytes(block_size, topk) +
+             (tail != 0 ? topk_block_bytes(static_cast<uint32_t>(tail), topk) : 0);
+    }
     case Codec::kFp32:
       return 4 * n;
     case Codec::kBf16:

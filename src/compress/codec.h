@@ -15,6 +15,7 @@ enum class Codec : uint8_t {
   kBf16 = 1,  // round to nearest even, 2 bytes per value
   kInt8 = 2,  // blockwise absmax, fp32 scale per block
   kInt4 = 3,  // blockwise absmax, two values per byte, fp32 scale per block
+  kTopk = 4,  // per block: the topk largest |values| at 2 bits (±scale, ±2·scale), u16 positions
 };
 
 // Bounds a decoder enforces before it allocates anything a frame declares. The encoder checks
@@ -29,7 +30,9 @@ struct Limits {
 
 struct CodecConfig {
   Codec codec = Codec::kInt8;  // quantizer applied to every tensor of a frame
-  uint32_t block_size = 256;   // elements per absmax block (int8, int4; even for int4)
+  uint32_t block_size = 256;   // elements per absmax block (int8, int4; even for int4), or per
+                               // top-k chunk (topk; at most kMaxTopkBlock)
+  uint32_t topk = 0;           // topk: values sent per block (1..block_size); else unused (0)
   int zstd_level = 1;          // 0 stores the payload raw; < 0 are zstd's fast levels (*)
   int zstd_threads = 0;        // zstd worker threads for compression; 0 compresses inline
   bool error_feedback = true;  // keep e ← (x + e) − deq(Q(x + e)) per tensor (design §2)
@@ -45,8 +48,9 @@ struct CodecConfig {
 // (the transport authenticates every byte).
 
 inline constexpr uint32_t kMaxBlockSize = 1 << 20;
+inline constexpr uint32_t kMaxTopkBlock = 1 << 16;  // positions are u16
 
-// "fp32", "bf16", "int8", "int4"; parse_codec throws common::ConfigError on anything else.
+// "fp32", "bf16", "int8", "int4", "topk"; parse_codec throws common::ConfigError on anything else.
 std::string_view to_string(Codec codec);
 Codec parse_codec(std::string_view name);
 
@@ -54,7 +58,12 @@ Codec parse_codec(std::string_view name);
 void validate(const CodecConfig& config);
 void validate(const Limits& limits);
 
-// Payload bytes of one tensor of n elements; n ≤ 2^62 keeps this overflow-free.
-uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size);
+// Payload bytes of one tensor of n elements; n ≤ 2^62 keeps this overflow-free. Fixed for every
+// codec (topk sends exactly min(topk, block length) values per block), so a frame's size is known
+// from its table before any payload byte is read.
+uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk = 0);
+
+// topk: bytes of one block of `len` elements: fp32 scale, u16 positions, 2-bit codes.
+uint64_t topk_block_bytes(uint32_t len, uint32_t topk);
 
 }  // namespace xloco::compress

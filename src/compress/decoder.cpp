@@ -78,13 +78,14 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorEntry& e = info.tensors[i];
-    kernels::decode(info.codec, p + e.offset, e.numel, info.block_size, targets[i].data, add);
+    kernels::decode(info.codec, p + e.offset, e.numel, info.block_size, targets[i].data, add,
+                    info.topk);
   }
 }
 
 void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const {
   const TensorEntry& e = info.tensors[i];
-  const auto defect = kernels::check(info.codec, bytes, e.numel, info.block_size);
+  const auto defect = kernels::check(info.codec, bytes, e.numel, info.block_size, info.topk);
   if (!defect) return;
   const uint64_t at = e.offset + defect->byte_offset;
   const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
@@ -92,7 +93,11 @@ void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
   XLOCO_FRAME_ENFORCE(
       defect->defect != kernels::Defect::kNonFinite, kNonFinite,
       "tensor '{}' (#{}): NaN or Inf {} at {}", e.name, i,
-      info.codec == Codec::kInt8 || info.codec == Codec::kInt4 ? "scale" : "value", where);
+      info.codec == Codec::kFp32 || info.codec == Codec::kBf16 ? "value" : "scale", where);
+  XLOCO_FRAME_ENFORCE(defect->defect != kernels::Defect::kBadIndex, kCorrupt,
+                      "tensor '{}' (#{}): topk position at {} is outside its block of {} or not "
+                      "above the one before it (a repeated position)",
+                      e.name, i, where, info.block_size);
   XLOCO_FRAME_ENFORCE(false, kCorrupt,
                       "tensor '{}' (#{}): block scale at {} is negative or above 2^120", e.name, i,
                       where);
@@ -157,7 +162,7 @@ void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
               [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); });
   stream_pass(stored, info, false, [&](size_t i, const uint8_t* bytes) {
     const TensorEntry& e = info.tensors[i];
-    kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add);
+    kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add, info.topk);
   });
 }
 
@@ -167,7 +172,7 @@ double Decoder::norm(const uint8_t* frame, size_t size) {
   const auto tensor = [&](size_t i, const uint8_t* bytes) {
     check_tensor(info, i, bytes);
     const TensorEntry& e = info.tensors[i];
-    sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size);
+    sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size, info.topk);
   };
   if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
     stream_pass(prepare_stream(frame, info), info, true, tensor);

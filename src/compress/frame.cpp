@@ -92,7 +92,7 @@ TensorEntry read_entry(TableReader& table, uint64_t index, uint64_t expected_off
   }
   e.offset = table.read<uint64_t>("payload offset");
   e.bytes = table.read<uint64_t>("payload bytes");
-  const uint64_t expected_bytes = tensor_payload_bytes(info.codec, e.numel, info.block_size);
+  const uint64_t expected_bytes = tensor_payload_bytes(info.codec, e.numel, info.block_size, info.topk);
   XLOCO_FRAME_ENFORCE(e.offset == expected_offset && e.bytes == expected_bytes, kCorrupt,
                       "tensor '{}' (#{}): payload range [{}, +{}) where {} {} elements need "
                       "[{}, +{})",
@@ -115,7 +115,7 @@ FrameInfo parse_frame(const uint8_t* frame, size_t size, const Limits& limits) {
                       "format version {}, this build reads version {}", version, kFormatVersion);
   XLOCO_FRAME_ENFORCE(size >= 7, kTruncated, "{} bytes, shorter than the codec id", size);
   const uint8_t codec_id = frame[6];
-  XLOCO_FRAME_ENFORCE(codec_id <= static_cast<uint8_t>(Codec::kInt4), kUnknownCodec,
+  XLOCO_FRAME_ENFORCE(codec_id <= static_cast<uint8_t>(Codec::kTopk), kUnknownCodec,
                       "codec id {} at offset 6", codec_id);
   XLOCO_FRAME_ENFORCE(size >= kHeaderBytes, kTruncated, "{} bytes, shorter than the {}-byte header",
                       size, kHeaderBytes);
@@ -131,12 +131,24 @@ FrameInfo parse_frame(const uint8_t* frame, size_t size, const Limits& limits) {
   const auto table_bytes = load<uint32_t>(frame + 16);
   info.payload_bytes = load<uint64_t>(frame + 20);
   info.stored_bytes = load<uint64_t>(frame + 28);
+  info.topk = load<uint32_t>(frame + 36);
 
   const bool blockwise = info.codec == Codec::kInt8 || info.codec == Codec::kInt4;
   XLOCO_FRAME_ENFORCE(!blockwise || (info.block_size >= 1 && info.block_size <= kMaxBlockSize &&
                                      (info.codec != Codec::kInt4 || info.block_size % 2 == 0)),
                       kCorrupt, "block size {} at offset 8 is not valid for {}", info.block_size,
                       to_string(info.codec));
+  if (info.codec == Codec::kTopk) {
+    XLOCO_FRAME_ENFORCE(info.block_size >= 1 && info.block_size <= kMaxTopkBlock, kCorrupt,
+                        "block size {} at offset 8 is not valid for topk (1..{})", info.block_size,
+                        kMaxTopkBlock);
+    XLOCO_FRAME_ENFORCE(info.topk >= 1 && info.topk <= info.block_size, kCorrupt,
+                        "topk {} at offset 36 is not in 1..block size {}", info.topk,
+                        info.block_size);
+  } else {
+    XLOCO_FRAME_ENFORCE(info.topk == 0, kCorrupt, "topk {} at offset 36 for codec {}", info.topk,
+                        to_string(info.codec));
+  }
   XLOCO_FRAME_ENFORCE(tensor_count <= limits.max_tensors, kOverLimit,
                       "{} tensors declared at offset 12, limit {}", tensor_count,
                       limits.max_tensors);
@@ -198,6 +210,7 @@ void write_frame_prefix(const FrameInfo& info, uint8_t* out) {
   p = store<uint32_t>(p, static_cast<uint32_t>(table_bytes));
   p = store<uint64_t>(p, info.payload_bytes);
   p = store<uint64_t>(p, info.stored_bytes);
+  p = store<uint32_t>(p, info.codec == Codec::kTopk ? info.topk : 0);
   for (const TensorEntry& t : info.tensors) {
     p = store<uint16_t>(p, static_cast<uint16_t>(t.name.size()));
     std::memcpy(p, t.name.data(), t.name.size());

@@ -2,14 +2,18 @@
 // stored as one zstd frame (content checksum on) or raw. This file owns the byte layout and
 // every structural check; it neither quantizes nor decompresses.
 //
-// All integers little-endian. Header (36 bytes):
+// All integers little-endian. Header (40 bytes; version 2, which added the topk codec and field):
 //   0  "XLCF"   4  u16 version   6  u8 codec   7  u8 flags (bit 0: payload is zstd)
 //   8  u32 block_size   12 u32 tensor_count   16 u32 table_bytes
 //   20 u64 payload_bytes (uncompressed)   28 u64 stored_bytes (what follows the table)
+//   36 u32 topk (values per block for the topk codec, 0 for the others)
 // Table entry, tensor_count times:
 //   u16 name_len, name bytes, u8 rank, u64 dims[rank], u64 offset, u64 bytes (in the payload)
 // Per tensor payload: fp32 4n bytes; bf16 2n; int8 4·blocks scales then n bytes;
-//   int4 4·blocks scales then ceil(n/2) bytes (element 2k in the low nibble, stored as q + 8).
+//   int4 4·blocks scales then ceil(n/2) bytes (element 2k in the low nibble, stored as q + 8);
+//   topk, block by block (block of len elements, k = min(topk, len)): f32 scale, k u16 positions
+//   within the block, strictly increasing, then ceil(k/4) bytes of 2-bit codes (value j in bits
+//   2(j mod 4)..: bit 0 magnitude 1 or 2, bit 1 sign), value = ±magnitude·scale.
 // Tensors are packed in table order without gaps; the frame ends exactly after stored_bytes.
 // A raw payload (zstd did not pay) has no checksum of its own: the transport authenticates
 // every byte (CURVE, design §7); the decoder still checks every value it writes.
@@ -26,8 +30,8 @@
 namespace xloco::compress {
 
 inline constexpr char kFrameMagic[4] = {'X', 'L', 'C', 'F'};
-inline constexpr uint16_t kFormatVersion = 1;
-inline constexpr size_t kHeaderBytes = 36;
+inline constexpr uint16_t kFormatVersion = 2;
+inline constexpr size_t kHeaderBytes = 40;
 inline constexpr uint8_t kFlagZstd = 1;
 
 struct TensorEntry {
@@ -41,6 +45,7 @@ struct TensorEntry {
 struct FrameInfo {
   Codec codec = Codec::kFp32;
   uint32_t block_size = 0;
+  uint32_t topk = 0;           // topk codec: values per block
   bool zstd = false;           // payload stored as a zstd frame, else raw
   uint64_t payload_bytes = 0;  // uncompressed
   uint64_t stored_bytes = 0;   // as on the wire

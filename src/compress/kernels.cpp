@@ -4,6 +4,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <vector>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 
@@ -321,6 +323,167 @@ inline void for_each_block(const uint8_t* payload, uint64_t n, uint32_t block_si
   }
 }
 
+
+// ---------------------------------------------------------------- topk: sparse, 2-bit values
+
+// Magnitude 1 or 2 (bit 0) and sign (bit 1) of one code; value = ±magnitude · scale, exact.
+inline float topk_value(uint32_t code, float scale) {
+  const float v = (code & 1u) != 0 ? scale + scale : scale;
+  return (code & 2u) != 0 ? -v : v;
+}
+inline uint32_t topk_code(float v, float inv) {
+  // |v|·inv is in [0, 2] (inv = 2 / absmax); at or above 1.5 the nearer level is 2.
+  const uint32_t big = std::fabs(v) * inv >= 1.5f ? 1u : 0u;
+  return big | (std::signbit(v) ? 2u : 0u);
+}
+
+// The block's top-k positions by (|w| descending, position ascending), sorted ascending, into
+// `pos`. Selection by the exponent byte of |w| first (a histogram), then an nth_element over
+// the one exponent bucket that straddles the k-th value: two passes over the block.
+void select_topk(const float* w, uint32_t len, uint32_t k, uint16_t* pos) {
+  uint32_t hist[256] = {};
+  for (uint32_t i = 0; i < len; ++i) ++hist[(bits_of(w[i]) & kAbsMask) >> 23];
+  uint32_t above = 0;
+  int boundary = 255;
+  for (; boundary > 0; --boundary) {
+    if (above + hist[boundary] >= k) break;
+    above += hist[boundary];
+  }
+  const uint32_t need = k - above;
+  thread_local std::vector<uint64_t> candidates;  // (|w| bits) << 32 | ~position: max = wanted
+  candidates.clear();
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < len; ++i) {
+    const uint32_t key = bits_of(w[i]) & kAbsMask;
+    const int bucket = static_cast<int>(key >> 23);
+    if (bucket > boundary) {
+      pos[n++] = static_cast<uint16_t>(i);
+    } else if (bucket == boundary) {
+      candidates.push_back(uint64_t{key} << 32 | (0xffffffffu - i));
+    }
+  }
+  if (candidates.size() > need) {
+    std::nth_element(candidates.begin(), candidates.begin() + need, candidates.end(),
+                     std::greater<>());
+  }
+  for (uint32_t c = 0; c < need; ++c) {
+    pos[n++] = static_cast<uint16_t>(0xffffffffu - static_cast<uint32_t>(candidates[c]));
+  }
+  std::sort(pos, pos + n);
+}
+
+std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_t n,
+                                        uint32_t block_size, uint32_t topk, uint8_t* out) {
+  const float limit = max_encodable(Codec::kTopk);
+  thread_local std::vector<float> scratch;  // w without feedback
+  for (uint64_t start = 0; start < n; start += block_size) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
+    const uint32_t k = std::min(topk, len);
+    float* w = residual != nullptr ? residual + start : nullptr;
+    int32_t mx;
+    if (w != nullptr) {
+      mx = add_max_abs_bits(x + start, w, len);
+    } else {
+      scratch.assign(x + start, x + start + len);
+      w = scratch.data();
+      mx = max_abs_bits(w, len);
+    }
+    const float absmax = float_of(static_cast<uint32_t>(mx));
+    if (mx >= kInfBits || absmax > limit) return first_defect(w, len, limit, start);
+    const BlockScale s = block_scale(absmax, 2.0f);
+    reinterpret_cast<WireF32*>(out)->v = s.scale;
+    thread_local std::vector<uint16_t> chosen;
+    chosen.resize(k);
+    select_topk(w, len, k, chosen.data());
+    auto* wire_pos = reinterpret_cast<WireU16*>(out + 4);
+    uint8_t* codes = out + 4 + 2 * static_cast<uint64_t>(k);
+    std::fill(codes, codes + (k + 3) / 4, uint8_t{0});
+    for (uint32_t j = 0; j < k; ++j) {
+      const uint16_t i = chosen[j];
+      wire_pos[j].v = i;
+      const uint32_t code = topk_code(w[i], s.inv);
+      codes[j / 4] = static_cast<uint8_t>(codes[j / 4] | code << (2 * (j % 4)));
+      w[i] = w[i] - topk_value(code, s.scale);  // what the receiver misses of this value
+    }
+    out += topk_block_bytes(len, topk);
+  }
+  return std::nullopt;
+}
+
+// Each block of a topk payload: `block(start, len, k, scale, positions, codes)`.
+template <class Block>
+inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t block_size,
+                                uint32_t topk, Block&& block) {
+  for (uint64_t start = 0; start < n; start += block_size) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
+    const uint32_t k = std::min(topk, len);
+    const float scale = reinterpret_cast<const WireF32*>(payload)->v;
+    const auto* positions = reinterpret_cast<const WireU16*>(payload + 4);
+    const uint8_t* codes = payload + 4 + 2 * static_cast<uint64_t>(k);
+    if (!block(start, len, k, scale, positions, codes)) return;
+    payload += topk_block_bytes(len, topk);
+  }
+}
+
+std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint32_t block_size,
+                                        uint32_t topk) {
+  std::optional<PayloadDefect> defect;
+  const uint8_t* base = payload;
+  for_each_topk_block(payload, n, block_size, topk,
+                      [&](uint64_t, uint32_t len, uint32_t k, float scale, const WireU16* positions,
+                          const uint8_t*) {
+                        const auto at = static_cast<uint64_t>(
+                            reinterpret_cast<const uint8_t*>(positions) - 4 - base);
+                        if (!std::isfinite(scale)) {
+                          defect = PayloadDefect{Defect::kNonFinite, at};
+                        } else if (!(scale >= 0.0f && scale <= kMaxScale)) {
+                          defect = PayloadDefect{Defect::kBadScale, at};
+                        } else {
+                          int32_t prev = -1;
+                          for (uint32_t j = 0; j < k && !defect; ++j) {
+                            const int32_t p = positions[j].v;
+                            if (p <= prev || p >= static_cast<int32_t>(len)) {
+                              defect = PayloadDefect{Defect::kBadIndex, at + 4 + 2 * uint64_t{j}};
+                            }
+                            prev = p;
+                          }
+                        }
+                        return !defect;
+                      });
+  return defect;
+}
+
+void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk,
+                 float* out, bool add) {
+  if (!add) std::fill(out, out + n, 0.0f);
+  for_each_topk_block(payload, n, block_size, topk,
+                      [&](uint64_t start, uint32_t, uint32_t k, float scale,
+                          const WireU16* positions, const uint8_t* codes) {
+                        float* o = out + start;
+                        for (uint32_t j = 0; j < k; ++j) {
+                          const uint32_t code = (codes[j / 4] >> (2 * (j % 4))) & 3u;
+                          const uint16_t p = positions[j].v;
+                          o[p] = o[p] + topk_value(code, scale);
+                        }
+                        return true;
+                      });
+}
+
+double sum_squares_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk) {
+  double sum = 0;
+  for_each_topk_block(payload, n, block_size, topk,
+                      [&](uint64_t, uint32_t, uint32_t k, float scale, const WireU16*,
+                          const uint8_t* codes) {
+                        uint64_t m2 = 0;  // Σ magnitude², magnitudes 1 or 2
+                        for (uint32_t j = 0; j < k; ++j) {
+                          m2 += ((codes[j / 4] >> (2 * (j % 4))) & 1u) != 0 ? 4 : 1;
+                        }
+                        sum += static_cast<double>(scale) * scale * static_cast<double>(m2);
+                        return true;
+                      });
+  return sum;
+}
+
 }  // namespace
 
 float max_encodable(Codec codec) {
@@ -329,6 +492,8 @@ float max_encodable(Codec codec) {
       return 127.0f * kMaxScale;
     case Codec::kInt4:
       return 7.0f * kMaxScale;
+    case Codec::kTopk:
+      return 2.0f * kMaxScale;
     case Codec::kFp32:
     case Codec::kBf16:
       break;
@@ -337,7 +502,8 @@ float max_encodable(Codec codec) {
 }
 
 std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
-                                   uint32_t block_size, uint8_t* out) {
+                                   uint32_t block_size, uint8_t* out, uint32_t topk) {
+  if (codec == Codec::kTopk) return encode_topk(x, residual, n, block_size, topk, out);
   if (codec == Codec::kFp32 || codec == Codec::kBf16) {
     return encode_elementwise(codec, x, residual, n, out);
   }
@@ -345,7 +511,8 @@ std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual,
 }
 
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
-                                   uint32_t block_size) {
+                                   uint32_t block_size, uint32_t topk) {
+  if (codec == Codec::kTopk) return check_topk(payload, n, block_size, topk);
   if (codec == Codec::kFp32 || codec == Codec::kBf16) {
     return check_elementwise(codec, payload, n);
   }
@@ -359,8 +526,11 @@ std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t
 }
 
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
-            bool add) {
+            bool add, uint32_t topk) {
   switch (codec) {
+    case Codec::kTopk:
+      decode_topk(payload, n, block_size, topk, out, add);
+      return;
     case Codec::kFp32:
       if (add) {
         decode_fp32_add(payload, n, out);
@@ -384,9 +554,12 @@ void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size
   }
 }
 
-double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size) {
+double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size,
+                   uint32_t topk) {
   double sum = 0;
   switch (codec) {
+    case Codec::kTopk:
+      return sum_squares_topk(payload, n, block_size, topk);
     case Codec::kFp32: {
       const auto* v = reinterpret_cast<const WireF32*>(payload);
       for (uint64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i].v) * v[i].v;

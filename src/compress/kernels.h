@@ -27,6 +27,7 @@ enum class Defect {
   kNonFinite,   // NaN or Inf
   kOutOfRange,  // finite but above max_encodable (encode only)
   kBadScale,    // a block scale that is negative or above kMaxScale (decode only)
+  kBadIndex,    // topk: a position outside its block, or not above the one before (decode only)
 };
 
 struct EncodeDefect {
@@ -39,8 +40,11 @@ struct EncodeDefect {
 // `residual`; with null it quantizes w = x. On a defect the payload is unspecified and
 // `residual` holds w for the defective element's block (so callers can report it) and
 // unspecified values elsewhere.
+// topk keeps in `residual` every value it did not send, and for those it sent the difference
+// to their 2-bit value. The positions sent are the topk largest |x + residual| per block, ties
+// to the lower position: the same input gives the same bytes on every machine.
 std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
-                                   uint32_t block_size, uint8_t* out);
+                                   uint32_t block_size, uint8_t* out, uint32_t topk = 0);
 
 struct PayloadDefect {
   Defect defect;
@@ -49,16 +53,18 @@ struct PayloadDefect {
 
 // Checks one tensor's payload before anything is written: non-finite values (fp32, bf16) or
 // scales that are non-finite, negative or above kMaxScale (int8, int4).
+// topk also: positions inside their block and strictly increasing (so none repeats).
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
-                                   uint32_t block_size);
+                                   uint32_t block_size, uint32_t topk = 0);
 
 // out = deq(payload), or out += deq(payload) when `add`. Only for payloads check() accepted.
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
-            bool add);
+            bool add, uint32_t topk = 0);
 
 // Σ deq(payload)², accumulated in double (an int8/int4 block adds scale² · Σq²), so that a
 // frame's norm is known without writing its values anywhere. Only for payloads check() accepted;
 // the result is finite for every such payload (|deq| < 2^128 each).
-double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size);
+double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size,
+                   uint32_t topk = 0);
 
 }  // namespace xloco::compress::kernels

@@ -2,8 +2,9 @@
 // passes over a B·H·T·T tensor (two batched products, a scale, a mask, a softmax and copies to
 // make q, k, v and y contiguous), and as many again backwards. causal_attention() does it per
 // (batch, head) and block of query rows, on strided views of the c_attn output:
-//   forward:  S = Q·Kᵀ over the causal prefix only; scale, row max, exp and sum in one pass over
-//             the tile; Y = P·V written straight into [B, T, C]; keeps log-sum-exp per row.
+//   forward:  S = Q·Kᵀ over the causal prefix only; row max, then exp and sum in one pass over
+//             the tile; Y = P·V written straight into [B, T, C], each row then divided by its
+//             sum (hs values, not T); keeps the log-sum-exp per row.
 //   backward: recomputes P from S and the log-sum-exp (flash attention's way: no T×T tensor is
 //             kept between the passes), dP = dY·Vᵀ, dS = P∘(dP − rowsum(dY∘Y))·scale,
 //             dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dY, written into [B, T, 3C].

@@ -41,10 +41,10 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
 
 std::int64_t GlobalModel::max_update_bytes() const {
   std::uint64_t payload = 0;
+  const auto codec = downlink_codec(config_.outer);
   for (const auto& s : layout().slots) {
-    payload += compress::tensor_payload_bytes(to_codec(config_.outer.codec_down),
-                                              static_cast<std::uint64_t>(s.numel),
-                                              static_cast<std::uint32_t>(config_.outer.block_size));
+    payload += compress::tensor_payload_bytes(codec.codec, static_cast<std::uint64_t>(s.numel),
+                                              codec.block_size, codec.topk);
   }
   return static_cast<std::int64_t>(payload) + (std::int64_t{1} << 20);
 }

@@ -209,10 +209,16 @@ std::optional<std::string> frame_problem(const net::Frame& frame, const common::
     return fmt::format("its codec is {}, the run's outer.codec_up is {}",
                        compress::to_string(info.codec), compress::to_string(want));
   }
-  const bool blocked = want == compress::Codec::kInt8 || want == compress::Codec::kInt4;
+  const bool blocked = want == compress::Codec::kInt8 || want == compress::Codec::kInt4 ||
+                       want == compress::Codec::kTopk;
   if (blocked && info.block_size != static_cast<uint32_t>(config.block_size)) {
     return fmt::format("its block size is {}, the run's outer.block_size is {}", info.block_size,
                        config.block_size);
+  }
+  const uint32_t topk = uplink_codec(config).topk;
+  if (info.topk != topk) {
+    return fmt::format("it sends {} values per block, the run's outer.topk gives {}", info.topk,
+                       topk);
   }
   return frame_mismatch(info, layout);
 }

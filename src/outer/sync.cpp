@@ -1,5 +1,7 @@
 #include "outer/sync.h"
 
+#include <algorithm>
+
 #include "compress/torch_adapter.h"
 
 namespace xloco::outer {
@@ -9,6 +11,9 @@ compress::CodecConfig base(const common::OuterConfig& c, common::CodecKind codec
   compress::CodecConfig cc;
   cc.codec = to_codec(codec);
   cc.block_size = static_cast<uint32_t>(c.block_size);
+  if (cc.codec == compress::Codec::kTopk) {
+    cc.topk = static_cast<uint32_t>(c.topk > 0 ? c.topk : std::max(1, c.block_size / 64));
+  }
   cc.zstd_level = c.zstd_level;
   return cc;
 }
@@ -21,6 +26,7 @@ compress::Codec to_codec(common::CodecKind kind) {
     case common::CodecKind::kBf16: return compress::Codec::kBf16;
     case common::CodecKind::kInt8: return compress::Codec::kInt8;
     case common::CodecKind::kInt4: return compress::Codec::kInt4;
+    case common::CodecKind::kTopk: return compress::Codec::kTopk;
   }
   return compress::Codec::kFp32;
 }

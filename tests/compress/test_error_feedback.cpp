@@ -26,6 +26,7 @@ Drift run_rounds(Codec codec, bool feedback) {
   CodecConfig config;
   config.codec = codec;
   config.error_feedback = feedback;
+  if (codec == Codec::kTopk) config.topk = 8;  // 1/32 of each 256-value block
   Encoder enc(config);
   Decoder dec;
   const size_t n = 3000;
@@ -60,14 +61,14 @@ Drift run_rounds(Codec codec, bool feedback) {
 
 TEST_SUITE("error_feedback") {
   TEST_CASE("sum of decoded frames = sum of inputs − final residual over 50 encodes") {
-    for (const Codec codec : {Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+    for (const Codec codec : {Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
       CAPTURE(to_string(codec));
       CHECK(run_rounds(codec, true).max_violation <= 1.0);
     }
   }
 
   TEST_CASE("without feedback the quantization error accumulates instead") {
-    for (const Codec codec : {Codec::kInt8, Codec::kInt4}) {
+    for (const Codec codec : {Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
       CAPTURE(to_string(codec));
       const Drift with = run_rounds(codec, true);
       const Drift without = run_rounds(codec, false);

@@ -31,6 +31,7 @@ std::vector<uint8_t> make_frame(Codec codec, int zstd_level, const TensorSet& in
   CodecConfig c;
   c.codec = codec;
   c.zstd_level = zstd_level;
+  if (codec == Codec::kTopk) c.topk = 8;  // of each 256-value block
   return Encoder(c).encode(in.inputs());
 }
 
@@ -80,7 +81,7 @@ std::vector<uint8_t> recompress(const std::vector<uint8_t>& raw) {
 TEST_SUITE("hostile") {
   TEST_CASE("a valid frame truncated at every byte offset is Truncated") {
     const TensorSet in = model_like(1);
-    for (const Codec codec : {Codec::kFp32, Codec::kInt8, Codec::kInt4}) {
+    for (const Codec codec : {Codec::kFp32, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
       for (const int level : {0, 1}) {
         const auto frame = make_frame(codec, level, in);
         REQUIRE(decode_kind(frame, in) == std::nullopt);
@@ -102,11 +103,16 @@ TEST_SUITE("hostile") {
     f[0] = 'Y';
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadMagic);
     f = good;
-    put<uint16_t>(f, 4, 2);
+    put<uint16_t>(f, 4, 1);  // version 1 had no topk field
+    CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
+    put<uint16_t>(f, 4, 3);
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
     f = good;
-    f[6] = 4;
+    f[6] = 5;
     CHECK(decode_kind(f, in) == FrameErrorKind::kUnknownCodec);
+    f = good;
+    put<uint32_t>(f, 36, 8);  // a topk count on an int8 frame
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
     f[6] = 255;
     CHECK(decode_kind(f, in) == FrameErrorKind::kUnknownCodec);
     f = good;
@@ -233,9 +239,10 @@ TEST_SUITE("hostile") {
   TEST_CASE("NaN and Inf given to the encoder are NonFinite, naming the tensor") {
     TensorSet in = model_like(6);
     in.data[2][100] = std::numeric_limits<float>::quiet_NaN();
-    for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+    for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
       CodecConfig c;
       c.codec = codec;
+      c.topk = codec == Codec::kTopk ? 8 : 0;
       Encoder enc(c);
       try {
         enc.encode(in.inputs());
@@ -251,6 +258,61 @@ TEST_SUITE("hostile") {
         CHECK(std::all_of(r.begin(), r.end(), [](float v) { return v == 0.0f; }));
       }
     }
+  }
+
+  TEST_CASE("topk: positions outside their block or repeated, bad scales, bad counts are refused") {
+    const TensorSet in = model_like(11);
+    const auto good = make_frame(Codec::kTopk, 0, in);
+    REQUIRE(decode_kind(good, in) == std::nullopt);
+    const FrameInfo info = parse_frame(good.data(), good.size(), Limits{});
+    REQUIRE(info.topk == 8);
+    const size_t block0 = info.stored_offset;  // first block: scale, 8 positions, 2 code bytes
+    const auto pos = [&](const std::vector<uint8_t>& f, int j) {
+      return get<uint16_t>(f, block0 + 4 + 2 * j);
+    };
+    for (const int level : {0, 1}) {
+      CAPTURE(level);
+      const auto frame_of = [&](std::vector<uint8_t> f) { return level == 0 ? f : recompress(f); };
+      auto f = good;
+      put<uint16_t>(f, block0 + 4, 256);  // the block has 256 values: 0..255
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+      f = good;
+      put<uint16_t>(f, block0 + 4, 65535);
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+      f = good;
+      put<uint16_t>(f, block0 + 4 + 2, pos(good, 0));  // a repeated position
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+      f = good;
+      put<uint16_t>(f, block0 + 4, pos(good, 1));  // out of order (and repeated)
+      put<uint16_t>(f, block0 + 4 + 2, pos(good, 0));
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+      f = good;
+      put<float>(f, block0, std::numeric_limits<float>::quiet_NaN());
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kNonFinite);
+      f = good;
+      put<float>(f, block0, -1.0f);
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+      put<float>(f, block0, 1e38f);  // 2 · scale could overflow
+      CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+    }
+    // A tensor's last block may be short (ln_1: 129 values in a 256-value block): its positions
+    // are bounded by its own length.
+    auto f = good;
+    const TensorEntry& last = info.tensors[1];
+    const uint64_t tail = last.numel % 256;
+    REQUIRE(tail != 0);
+    const uint64_t tail_block = info.stored_offset + last.offset + last.bytes -
+                                topk_block_bytes(static_cast<uint32_t>(tail), 8);
+    put<uint16_t>(f, tail_block + 4, static_cast<uint16_t>(tail));
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    // The header's count: 0, or more than a block holds.
+    f = good;
+    put<uint32_t>(f, 36, 0);
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    put<uint32_t>(f, 36, 257);
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    put<uint32_t>(f, 36, 9);  // valid, but the tensors' byte ranges no longer add up
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
   }
 
   TEST_CASE("wrong names, shapes or counts are Mismatch") {
@@ -278,7 +340,7 @@ TEST_SUITE("hostile") {
     const TensorSet in = model_like(8);
     std::mt19937 rng(99);
     size_t rejected = 0;
-    for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+    for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
       for (const int level : {0, 1}) {
         const auto good = make_frame(codec, level, in);
         for (int trial = 0; trial < 300; ++trial) {
@@ -294,7 +356,7 @@ TEST_SUITE("hostile") {
         }
       }
     }
-    MESSAGE(rejected << " of 2400 edited frames rejected");
+    MESSAGE(rejected << " of 3000 edited frames rejected");
   }
 
   // Payloads over the decoder's 8 MiB whole-buffer limit are decompressed one tensor at a time

@@ -173,7 +173,7 @@ TEST_SUITE("roundtrip") {
     uniform.encode(noise.inputs());
     CHECK_FALSE(uniform.last_stats().zstd);  // uniform int8 codes carry 8 bits each
     CHECK(uniform.last_stats().frame_bytes ==
-          uniform.last_stats().payload_bytes + 36 + 2 + 5 + 1 + 8 + 16);
+          uniform.last_stats().payload_bytes + kHeaderBytes + 2 + 5 + 1 + 8 + 16);
   }
 
   TEST_CASE("decode_add adds the dequantized frame to the targets") {

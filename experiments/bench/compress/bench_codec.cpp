@@ -1,6 +1,6 @@
 // Codec throughput against memcpy of the same buffer in the same run (design §9): encode,
 // decode and encode+decode GB/s of fp32 input per codec and zstd level, and wire bytes per
-// fp32 byte. Data: 10M heavy-tailed floats shaped like a pseudo-gradient (Student-t, 3 degrees
+// fp32 byte (topk: 64 of every 4096 values). Data: 10M heavy-tailed floats shaped like a pseudo-gradient (Student-t, 3 degrees
 // of freedom, a scale that changes every 64K elements as it does between layers).
 //
 //   bench_codec --benchmark_counters_tabular=true
@@ -75,6 +75,10 @@ CodecConfig config_of(const benchmark::State& state) {
   CodecConfig c;
   c.codec = static_cast<Codec>(state.range(0));
   c.zstd_level = static_cast<int>(state.range(1));
+  if (c.codec == Codec::kTopk) {  // the harness's topk setting: 64 of every 4096 values
+    c.block_size = 4096;
+    c.topk = 64;
+  }
   return c;
 }
 
@@ -150,7 +154,7 @@ void BM_EncodeDecode(benchmark::State& state) {
 }
 
 void codecs_and_levels(benchmark::internal::Benchmark* b) {
-  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
     for (const int level : {0, 1, 3}) b->Args({static_cast<int64_t>(codec), level});
   }
   b->ArgNames({"codec", "zstd"})->Unit(benchmark::kMillisecond);

@@ -1,0 +1,136 @@
+// The topk codec: per block the k largest |x| at 2 bits, positions as u16 (issue 20). What is
+// sent is exactly the brute-force top k; values are within their 2-bit bound; sizes are the
+// formula's; bytes are deterministic.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "common/error.h"
+#include "compress/decoder.h"
+#include "compress/encoder.h"
+#include "compress/error.h"
+#include "compress/frame.h"
+#include "helpers.h"
+
+namespace xloco::compress {
+namespace {
+
+using testing::heavy_tailed;
+using testing::model_like;
+using testing::TensorSet;
+
+CodecConfig topk_config(uint32_t block, uint32_t k, int zstd_level = 1) {
+  CodecConfig c;
+  c.codec = Codec::kTopk;
+  c.block_size = block;
+  c.topk = k;
+  c.zstd_level = zstd_level;
+  return c;
+}
+
+// Positions of the k largest |x| of x[start, start + len), ties to the lower position.
+std::vector<uint64_t> brute_topk(const std::vector<float>& x, uint64_t start, uint32_t len,
+                                 uint32_t k) {
+  std::vector<uint64_t> idx(len);
+  std::iota(idx.begin(), idx.end(), start);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](uint64_t a, uint64_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+  idx.resize(std::min(k, len));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+TEST_SUITE("topk") {
+  TEST_CASE("sends exactly the top k of every block, each within its 2-bit bound") {
+    for (const auto [block, k] : {std::pair<uint32_t, uint32_t>{256, 8}, {4096, 64}, {100, 3},
+                                  {7, 7}, {65536, 1024}}) {
+      CAPTURE(block);
+      CAPTURE(k);
+      TensorSet in;
+      auto x = heavy_tailed(70001, 5 + block);
+      for (size_t i = 0; i < x.size(); i += 97) x[i] = x[i + 1];  // ties
+      for (size_t i = 300; i < 340; ++i) x[i] = 0.0f;             // zeros
+      in.add("x", {70001}, x);
+      const auto out_set = [&] {
+        Encoder enc(topk_config(block, k, 0));
+        const auto frame = enc.encode(in.inputs());
+        CHECK(frame.size() == kHeaderBytes + 2 + 1 + 1 + 8 + 16 +
+                                  tensor_payload_bytes(Codec::kTopk, 70001, block, k));
+        TensorSet out = in.like(-7.0f);
+        Decoder().decode(frame, out.targets());
+        return out;
+      }();
+      const auto& y = out_set.data[0];
+      for (uint64_t start = 0; start < x.size(); start += block) {
+        const auto len = static_cast<uint32_t>(std::min<uint64_t>(block, x.size() - start));
+        const auto want = brute_topk(x, start, len, k);
+        float absmax = 0;
+        for (uint64_t i = start; i < start + len; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+        std::vector<bool> sent(len, false);
+        for (const uint64_t i : want) sent[i - start] = true;
+        for (uint64_t i = start; i < start + len; ++i) {
+          if (!sent[i - start]) {
+            if (y[i] != 0.0f) FAIL_CHECK("unsent value " << i << " decoded as " << y[i]);
+            continue;
+          }
+          // ±absmax/2 or ±absmax: same sign, error at most absmax/2 (a value near 0 sent as
+          // absmax/2) and at most |x|/3 + ... for values above absmax/4 (≤ 1/2 of a level).
+          const double err = std::fabs(double{x[i]} - y[i]);
+          if (!(err <= absmax / 2.0 * (1 + 1e-6)) ||
+              (std::fabs(x[i]) > 0 && std::signbit(x[i]) != std::signbit(y[i]))) {
+            FAIL_CHECK("value " << i << ": " << x[i] << " decoded as " << y[i] << ", absmax " << absmax);
+          }
+          if (std::fabs(x[i]) >= absmax / 4 && err > std::fabs(x[i]) * (1 + 1e-6)) {
+            FAIL_CHECK("value " << i << ": error " << err << " above |x| " << std::fabs(x[i]));
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("same input, same bytes; decode_add adds; sum of squares matches the values") {
+    const TensorSet in = model_like(21);
+    const auto config = topk_config(256, 16);
+    const auto a = Encoder(config).encode(in.inputs());
+    CHECK(Encoder(config).encode(in.inputs()) == a);
+    TensorSet once = in.like(0.0f), twice = in.like(1.0f);
+    Decoder dec;
+    dec.decode(a, once.targets());
+    dec.decode_add(a, twice.targets());
+    double ss = 0;
+    for (size_t t = 0; t < once.data.size(); ++t) {
+      for (size_t i = 0; i < once.data[t].size(); ++i) {
+        CHECK(twice.data[t][i] == 1.0f + once.data[t][i]);
+        ss += double{once.data[t][i]} * once.data[t][i];
+      }
+    }
+    CHECK(dec.norm(a.data(), a.size()) == doctest::Approx(std::sqrt(ss)).epsilon(1e-9));
+  }
+
+  TEST_CASE("bytes: 1/64 of each 4096-value block is ~110x smaller than fp32 before zstd") {
+    TensorSet in;
+    in.add("w", {1 << 20}, heavy_tailed(1 << 20, 3));
+    Encoder enc(topk_config(4096, 64, 0));
+    const auto frame = enc.encode(in.inputs());
+    const double ratio = 4.0 * (1 << 20) / static_cast<double>(frame.size());
+    MESSAGE("topk 64/4096, no zstd: " << ratio << "x fewer bytes than fp32");
+    CHECK(ratio > 100);
+    CHECK(ratio < 120);
+    Encoder zstd(topk_config(4096, 64, 1));
+    CHECK(zstd.encode(in.inputs()).size() <= frame.size());
+  }
+
+  TEST_CASE("configs the frame cannot carry are refused") {
+    CHECK_THROWS_AS(validate(topk_config(1 << 17, 64)), common::ConfigError);
+    CHECK_THROWS_AS(validate(topk_config(256, 0)), common::ConfigError);
+    CHECK_THROWS_AS(validate(topk_config(256, 257)), common::ConfigError);
+    CHECK_NOTHROW(validate(topk_config(1 << 16, 1 << 16)));
+    CHECK(parse_codec("topk") == Codec::kTopk);
+  }
+}
+
+}  // namespace
+}  // namespace xloco::compress
