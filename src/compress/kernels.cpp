@@ -341,33 +341,42 @@ inline uint32_t topk_code(float v, float inv) {
 // `pos`. Selection by the exponent byte of |w| first (a histogram), then an nth_element over
 // the one exponent bucket that straddles the k-th value: two passes over the block.
 void select_topk(const float* w, uint32_t len, uint32_t k, uint16_t* pos) {
-  uint32_t hist[256] = {};
-  for (uint32_t i = 0; i < len; ++i) ++hist[(bits_of(w[i]) & kAbsMask) >> 23];
+  // Four histograms, so that runs of values in one bucket do not wait on each other's
+  // increments (store-to-load forwarding); summed after.
+  uint32_t hist[4][256] = {};
+  uint32_t i = 0;
+  for (; i + 4 <= len; i += 4) {
+    ++hist[0][(bits_of(w[i]) & kAbsMask) >> 23];
+    ++hist[1][(bits_of(w[i + 1]) & kAbsMask) >> 23];
+    ++hist[2][(bits_of(w[i + 2]) & kAbsMask) >> 23];
+    ++hist[3][(bits_of(w[i + 3]) & kAbsMask) >> 23];
+  }
+  for (; i < len; ++i) ++hist[0][(bits_of(w[i]) & kAbsMask) >> 23];
   uint32_t above = 0;
-  int boundary = 255;
+  uint32_t boundary = 255;
   for (; boundary > 0; --boundary) {
-    if (above + hist[boundary] >= k) break;
-    above += hist[boundary];
+    const uint32_t h = hist[0][boundary] + hist[1][boundary] + hist[2][boundary] + hist[3][boundary];
+    if (above + h >= k) break;
+    above += h;
   }
   const uint32_t need = k - above;
+  // Branch-free gather: every element is written, the counts advance only for the kept ones.
+  // (above ≤ k − 1, so pos[n] stays inside its k entries.)
   thread_local std::vector<uint64_t> candidates;  // (|w| bits) << 32 | ~position: max = wanted
-  candidates.clear();
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < len; ++i) {
+  if (candidates.size() < len) candidates.resize(len);
+  uint64_t* cand = candidates.data();
+  uint32_t n = 0, c = 0;
+  for (i = 0; i < len; ++i) {
     const uint32_t key = bits_of(w[i]) & kAbsMask;
-    const int bucket = static_cast<int>(key >> 23);
-    if (bucket > boundary) {
-      pos[n++] = static_cast<uint16_t>(i);
-    } else if (bucket == boundary) {
-      candidates.push_back(uint64_t{key} << 32 | (0xffffffffu - i));
-    }
+    const uint32_t bucket = key >> 23;
+    pos[n] = static_cast<uint16_t>(i);
+    n += bucket > boundary ? 1u : 0u;
+    cand[c] = uint64_t{key} << 32 | (0xffffffffu - i);
+    c += bucket == boundary ? 1u : 0u;
   }
-  if (candidates.size() > need) {
-    std::nth_element(candidates.begin(), candidates.begin() + need, candidates.end(),
-                     std::greater<>());
-  }
-  for (uint32_t c = 0; c < need; ++c) {
-    pos[n++] = static_cast<uint16_t>(0xffffffffu - static_cast<uint32_t>(candidates[c]));
+  if (c > need) std::nth_element(cand, cand + need, cand + c, std::greater<>());
+  for (uint32_t j = 0; j < need; ++j) {
+    pos[n++] = static_cast<uint16_t>(0xffffffffu - static_cast<uint32_t>(cand[j]));
   }
   std::sort(pos, pos + n);
 }

@@ -1,0 +1,15 @@
+set terminal pngcairo size 900,600 font 'sans,10'
+set grid
+set key top right
+set output 'loss-vs-tokens-kjv.png'
+set title 'Eval loss vs tokens (kjv, plan topk)'
+set xlabel 'tokens (millions)'
+set ylabel 'eval loss'
+unset logscale x
+plot 'plot-data/baseline-dp.dat' using ($1/1e6):2 with linespoints title 'baseline: data parallel, batch 64' lw 3 lc rgb 'black', 'plot-data/k4-h50-int8.dat' using ($1/1e6):2 with linespoints title 'DiLoCo K=4 H=50 int8', 'plot-data/k4-h50-int4.dat' using ($1/1e6):2 with linespoints title 'K=4 H=50 int4', 'plot-data/k4-h50-topk64.dat' using ($1/1e6):2 with linespoints title 'K=4 H=50 topk 64/4096 (1/64), 2-bit', 'plot-data/k4-h50-topk128.dat' using ($1/1e6):2 with linespoints title 'K=4 H=50 topk 128/4096 (1/32), 2-bit', 'plot-data/k4-h50-topk64-up.dat' using ($1/1e6):2 with linespoints title 'K=4 H=50 topk 64/4096 up, int8 down'
+set output 'loss-vs-bytes-kjv.png'
+set title 'Eval loss vs bytes communicated (kjv)'
+set xlabel 'bytes sent, up + down, all providers (log)'
+set logscale x
+plot 'plot-data/baseline-dp.dat' using 3:2 with linespoints title 'baseline: data parallel, batch 64' lw 3 lc rgb 'black', 'plot-data/k4-h50-int8.dat' using 3:2 with linespoints title 'DiLoCo K=4 H=50 int8', 'plot-data/k4-h50-int4.dat' using 3:2 with linespoints title 'K=4 H=50 int4', 'plot-data/k4-h50-topk64.dat' using 3:2 with linespoints title 'K=4 H=50 topk 64/4096 (1/64), 2-bit', 'plot-data/k4-h50-topk128.dat' using 3:2 with linespoints title 'K=4 H=50 topk 128/4096 (1/32), 2-bit', 'plot-data/k4-h50-topk64-up.dat' using 3:2 with linespoints title 'K=4 H=50 topk 64/4096 up, int8 down'
+unset logscale x
