@@ -74,8 +74,10 @@ with tempfile.TemporaryDirectory() as tmp:
               f"{killed['final_eval_loss']:.4f}, ratio {ratio:.4f}")
         check(ratio <= 1.01, f"final eval loss within 1 % of the run without kills ({ratio:.4f})")
 
-    # 20 head kills, each after one more checkpoint: 2 providers and H=10 keep it short.
-    rc2, loop = run(tmp / "ckpt", SMALL + ["inner.steps=600", "outer.inner_steps=10",
+    # 20 head kills, each after one more checkpoint: 2 providers and H=10 keep it short. 120
+    # rounds, so that the run outlasts 20 kill-and-restart cycles on a fast machine as well (60
+    # ran out after 19 once the inner step got 3× faster, issue 18).
+    rc2, loop = run(tmp / "ckpt", SMALL + ["inner.steps=1200", "outer.inner_steps=10",
                                            "outer.providers=2", "outer.min_providers=2"],
                     "--head-loop", "20", "--seed", "3")
     check(rc2 == 0, f"20 head kills: every restart resumed from a complete checkpoint and no round "
