@@ -331,6 +331,10 @@ inline float topk_value(uint32_t code, float scale) {
   const float v = (code & 1u) != 0 ? scale + scale : scale;
   return (code & 2u) != 0 ? -v : v;
 }
+// Code j of a block's packed codes (four per byte, code j in bits 2(j mod 4)..).
+inline uint32_t topk_code_at(const uint8_t* codes, uint32_t j) {
+  return (codes[j / 4] >> (2 * (j % 4))) & 3u;
+}
 inline uint32_t topk_code(float v, float inv) {
   // |v|·inv is in [0, 2] (inv = 2 / absmax); at or above 1.5 the nearer level is 2.
   const uint32_t big = std::fabs(v) * inv >= 1.5f ? 1u : 0u;
@@ -419,30 +423,31 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
   return std::nullopt;
 }
 
-// Each block of a topk payload: `block(start, len, k, scale, positions, codes)`.
+// Each block of a topk payload, until `block` returns false:
+// `block(start, len, k, record, scale, positions, codes)`, `record` the byte offset of the
+// block's scale within the payload.
 template <class Block>
 inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t block_size,
                                 uint32_t topk, Block&& block) {
+  uint64_t record = 0;
   for (uint64_t start = 0; start < n; start += block_size) {
     const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
     const uint32_t k = std::min(topk, len);
-    const float scale = reinterpret_cast<const WireF32*>(payload)->v;
-    const auto* positions = reinterpret_cast<const WireU16*>(payload + 4);
-    const uint8_t* codes = payload + 4 + 2 * static_cast<uint64_t>(k);
-    if (!block(start, len, k, scale, positions, codes)) return;
-    payload += topk_block_bytes(len, topk);
+    const uint8_t* r = payload + record;
+    const float scale = reinterpret_cast<const WireF32*>(r)->v;
+    const auto* positions = reinterpret_cast<const WireU16*>(r + 4);
+    const uint8_t* codes = r + 4 + 2 * static_cast<uint64_t>(k);
+    if (!block(start, len, k, record, scale, positions, codes)) return;
+    record += topk_block_bytes(len, topk);
   }
 }
 
 std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint32_t block_size,
                                         uint32_t topk) {
   std::optional<PayloadDefect> defect;
-  const uint8_t* base = payload;
   for_each_topk_block(payload, n, block_size, topk,
-                      [&](uint64_t, uint32_t len, uint32_t k, float scale, const WireU16* positions,
-                          const uint8_t*) {
-                        const auto at = static_cast<uint64_t>(
-                            reinterpret_cast<const uint8_t*>(positions) - 4 - base);
+                      [&](uint64_t, uint32_t len, uint32_t k, uint64_t at, float scale,
+                          const WireU16* positions, const uint8_t*) {
                         if (!std::isfinite(scale)) {
                           defect = PayloadDefect{Defect::kNonFinite, at};
                         } else if (!(scale >= 0.0f && scale <= kMaxScale)) {
@@ -466,13 +471,12 @@ void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32
                  float* out, bool add) {
   if (!add) std::fill(out, out + n, 0.0f);
   for_each_topk_block(payload, n, block_size, topk,
-                      [&](uint64_t start, uint32_t, uint32_t k, float scale,
+                      [&](uint64_t start, uint32_t, uint32_t k, uint64_t, float scale,
                           const WireU16* positions, const uint8_t* codes) {
                         float* o = out + start;
                         for (uint32_t j = 0; j < k; ++j) {
-                          const uint32_t code = (codes[j / 4] >> (2 * (j % 4))) & 3u;
                           const uint16_t p = positions[j].v;
-                          o[p] = o[p] + topk_value(code, scale);
+                          o[p] = o[p] + topk_value(topk_code_at(codes, j), scale);
                         }
                         return true;
                       });
@@ -481,12 +485,10 @@ void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32
 double sum_squares_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk) {
   double sum = 0;
   for_each_topk_block(payload, n, block_size, topk,
-                      [&](uint64_t, uint32_t, uint32_t k, float scale, const WireU16*,
+                      [&](uint64_t, uint32_t, uint32_t k, uint64_t, float scale, const WireU16*,
                           const uint8_t* codes) {
                         uint64_t m2 = 0;  // Σ magnitude², magnitudes 1 or 2
-                        for (uint32_t j = 0; j < k; ++j) {
-                          m2 += ((codes[j / 4] >> (2 * (j % 4))) & 1u) != 0 ? 4 : 1;
-                        }
+                        for (uint32_t j = 0; j < k; ++j) m2 += (topk_code_at(codes, j) & 1u) != 0 ? 4 : 1;
                         sum += static_cast<double>(scale) * scale * static_cast<double>(m2);
                         return true;
                       });

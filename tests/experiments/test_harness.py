@@ -12,15 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SRC = Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-XLOCO = os.environ.get("XLOCO_BIN", str(SRC / "build/src/cli/xloco"))
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
+sys.path.insert(0, str(Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "tests"))
+from cli_checks import SRC, XLOCO, check, failures  # noqa: E402
 
 
 with tempfile.TemporaryDirectory() as tmp:

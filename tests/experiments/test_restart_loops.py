@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SRC = Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-XLOCO = os.environ.get("XLOCO_BIN", str(SRC / "build/src/cli/xloco"))
+sys.path.insert(0, str(Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "tests"))
+from cli_checks import SRC, XLOCO, check, failures  # noqa: E402
 if not Path("/usr/bin/bible").exists():
     print("skipped: /usr/bin/bible (bible-kjv) missing")
     sys.exit(77)
@@ -28,13 +28,6 @@ if not Path("/usr/bin/bible").exists():
 SMALL = ["model.d_model=64", "model.n_layer=2", "model.n_head=2", "model.seq_len=64",
          "inner.batch_size=8", "inner.warmup_steps=20", "inner.log_every=20",
          "outer.checkpoint_every=1", "outer.heartbeat_s=0.25", "outer.dead_after_s=3"]
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 def run(out, sets, *extra):
