@@ -95,15 +95,19 @@ class Loop:
                 shutil.rmtree(self.wipe, ignore_errors=True)
         self.done.set()
 
-    def kill(self):
+    def kill(self, wait=False):
+        """SIGKILL the current life's process group; with wait, return once the process is gone."""
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                return True
-        return False
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                return False
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if wait:
+            proc.wait()
+        return True
 
     def stop(self):
         self.stopped = True
@@ -203,9 +207,12 @@ def main():
                 problems.append(f"the run ended after {n} of {args.head_loop} head kills")
                 break
             time.sleep(rng.uniform(0, 1.5))
+            head.kill(wait=True)
+            # Read both once the head is dead (its next life starts `delay` later): the newest
+            # checkpoint complete at its death, and the records it wrote. Read before the kill,
+            # a round record the dying head wrote in between counted as the next life's.
             complete = latest_ckpt_round()
             before = len(jsonl(run / "metrics/head.jsonl"))
-            head.kill()
             ckpt_seen.append(complete)
             kills.append({"t": round(time.time() - t0, 1), "target": "head", "ckpt": complete, "lines": before})
             log(f"SIGKILL head #{n + 1}: newest checkpoint then round {complete}")
