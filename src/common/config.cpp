@@ -98,6 +98,9 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.norm_bound", c.outer.norm_bound, Range{0, 1e12});
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
+  v("outer.overlap", c.outer.overlap, Choices{"none", "delayed"});
+  v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
+  v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
 
 const json* find_dotted(const json& j, const std::string& dotted) {
@@ -250,6 +253,9 @@ void validate(const Config& c) {
                   "config: outer.topk = {} exceeds outer.block_size = {}", c.outer.topk,
                   c.outer.block_size);
   }
+  XLOCO_ENFORCE(c.outer.min_inner_steps <= c.outer.inner_steps, ConfigError,
+                "config: outer.min_inner_steps = {} exceeds outer.inner_steps = {} (the most steps "
+                "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);
   XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
                 "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
 }
@@ -364,6 +370,13 @@ std::string config_hash(const Config& c) {
   // and saved provider states still resume after an upgrade.
   if (c.model.vocab_size == 0 || (c.data.dataset == DatasetKind::kKjv && c.model.vocab_size == 256)) {
     j["model"].erase("vocab_size");
+  }
+  // Runs from before overlap and time budgets existed hash as they did (their checkpoints
+  // and saved provider states still resume); the settings count once they are used.
+  if (c.outer.overlap == "none") j["outer"].erase("overlap");
+  if (c.outer.round_budget_s == 0) {
+    j["outer"].erase("round_budget_s");
+    j["outer"].erase("min_inner_steps");
   }
   j["inner"].erase("bucket_kb");
   j["inner"].erase("log_every");

@@ -101,6 +101,15 @@ struct OuterConfig {
                                  // peers' (this round's and the last's) is refused; 0 = off
   double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
+  // "none": a provider waits for round r's update before training round r + 1. "delayed": it
+  // trains round r + 1 at once from its own parameters and folds round r's update in when the
+  // round ends (x ← θ_pub(r) − δ(r + 1)): it never waits for the downlink (design §2).
+  std::string overlap = "none";
+  // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
+  // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
+  // weights contributions by their tokens, and the inner schedule follows the round's progress.
+  double round_budget_s = 0;
+  int min_inner_steps = 1;
 };
 
 struct Config {

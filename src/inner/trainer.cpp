@@ -111,15 +111,16 @@ void InnerTrainer::reset_optimizer() {
   adam_t_ = 0;
 }
 
-double InnerTrainer::lr_at(int64_t step) const {
+double InnerTrainer::lr_at_position(double step) const {
   const auto& in = config_.inner;
-  if (step < in.warmup_steps) return in.lr * static_cast<double>(step + 1) / in.warmup_steps;
+  if (step < in.warmup_steps) return in.lr * (step + 1) / in.warmup_steps;
   const double span = std::max(1, in.steps - in.warmup_steps);
-  const double progress = std::min(1.0, static_cast<double>(step - in.warmup_steps) / span);
+  const double progress = std::min(1.0, (step - in.warmup_steps) / span);
   return in.min_lr + 0.5 * (in.lr - in.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_stop) {
+StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_stop,
+                                   double schedule_pos) {
   ensure_training_buffers();
   model_->train();
   const Batch b = data.train_batch(step, group_.rank(), group_.world());
@@ -149,7 +150,7 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
   if (config_.inner.grad_clip > 0 && st.grad_norm > config_.inner.grad_clip) {
     g.mul_(config_.inner.grad_clip / (st.grad_norm + 1e-6));
   }
-  st.lr = lr_at(step);
+  st.lr = schedule_pos >= 0 ? lr_at_position(schedule_pos) : lr_at(step);
   apply_adamw(st.lr);
   st.tokens = b.tokens * group_.world();
   return st;

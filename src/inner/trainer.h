@@ -44,11 +44,16 @@ class InnerTrainer {
 
   // One optimizer step at global inner step `step` (0-based), on this rank's slice of the batch.
   // `want_stop` rides the gradient allreduce, so every rank learns of it at the same step.
-  StepStats train_step(const Dataset& data, int64_t step, bool want_stop = false);
+  // `schedule_pos` (≥ 0) is where the learning-rate schedule stands, in steps, when it is not
+  // `step` itself: a time-budgeted DiLoCo round runs fewer steps than its share of the
+  // schedule (outer.round_budget_s), and its schedule follows the round's progress.
+  StepStats train_step(const Dataset& data, int64_t step, bool want_stop = false,
+                       double schedule_pos = -1);
   // `between_batches` (optional) runs after every eval batch: the head answers its providers
   // from there, so a long evaluation never makes it deaf.
   EvalStats evaluate(const Dataset& data, const std::function<void()>& between_batches = {});
-  double lr_at(int64_t step) const;
+  double lr_at(int64_t step) const { return lr_at_position(static_cast<double>(step)); }
+  double lr_at_position(double step) const;  // warm-up then cosine, at a fractional step
   // The random stream of this trainer's forward passes (a provider: its shard index), mixed
   // with run.seed, the step and the rank.
   void set_rng_stream(uint64_t stream) { rng_stream_ = stream; }

@@ -7,6 +7,7 @@
 
 #include "compress/error.h"
 #include "compress/torch_adapter.h"
+#include "outer/pace.h"
 
 namespace xloco::outer {
 
@@ -34,7 +35,8 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, double bound,
 Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound)
     : layout_(layout), norm_bound_(norm_bound) {}
 
-void Aggregator::begin(std::vector<std::string> order) {
+void Aggregator::begin(std::vector<std::string> order, uint64_t allowance) {
+  allowance_ = allowance;
   if (!accepted_.empty()) history_ = std::exchange(accepted_, {});
   order_.clear();
   for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt});
@@ -113,12 +115,12 @@ std::vector<double> Aggregator::reference_for(const Entry& e) const {
   return out;
 }
 
-// Δ accumulates Σ (tokens_i / tokens_first) · deq_i. Providers share H and the batch, so the
-// weights are 1 and each frame is decoded straight into Δ: no model-sized decode buffer.
+// Δ accumulates Σ wᵢ · deq_i, wᵢ = contribution_weight (pace.h): tokens over the first's. With
+// fixed H the providers share H and the batch, so the weights are 1 and each frame is decoded
+// straight into Δ: no model-sized decode buffer. Time-budgeted rounds weigh by work.
 std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
   const net::Frame frame = std::exchange(e.frame, {});
-  const double tokens = static_cast<double>(e.tokens);
-  const double w = ref_tokens_ == 0 ? 1.0 : tokens / ref_tokens_;
+  const double w = contribution_weight(e.tokens, ref_tokens_, allowance_);
   // Allocated at the first contribution, by when its provider has received its WELCOME: the
   // head never holds Δ and a full fp32 state in flight at the same time at start-up.
   if (!delta_.defined()) delta_ = torch::empty({layout_.numel}, torch::kFloat32);
@@ -134,7 +136,7 @@ std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
   } catch (const compress::FrameError& ex) {
     return {{e.peer, ex.what(), net::RefusalCode::kBadFrame}};
   }
-  if (ref_tokens_ == 0) ref_tokens_ = tokens;
+  if (ref_tokens_ == 0) ref_tokens_ = e.tokens;
   weight_sum_ += w;
   ++added_;
   return {};

@@ -54,7 +54,8 @@ class Aggregator {
   };
 
   // Starts a round: `order` lists every provider expected to contribute, in adding order.
-  void begin(std::vector<std::string> order);
+  // `allowance`: the most tokens a contribution's weight counts (round_token_allowance).
+  void begin(std::vector<std::string> order, uint64_t allowance = 0);
   // A contribution whose frame structure has been checked against the layout. It is added
   // now if every provider ahead of it has been added or skipped, else it waits.
   [[nodiscard]] std::vector<Rejected> add(const std::string& peer, net::Frame frame,
@@ -91,7 +92,8 @@ class Aggregator {
   std::vector<Entry> order_;
   size_t next_ = 0;          // first entry not yet added or skipped
   size_t added_ = 0;
-  double ref_tokens_ = 0;    // tokens of the first contribution added: weight 1
+  uint64_t ref_tokens_ = 0;  // tokens of the first contribution added: weight 1
+  uint64_t allowance_ = 0;
   double weight_sum_ = 0;
   torch::Tensor delta_;
   torch::Tensor scratch_;    // only for a contribution whose token count differs (lazy)

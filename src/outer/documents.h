@@ -80,6 +80,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeadStatus, run, state, reason, 
 struct RoundFields {
   uint64_t round = 0;
   size_t participants = 0;
+  uint64_t tokens = 0;                       // the contributions' tokens (time budgets vary them)
   std::string reason;                        // why it closed
   double bytes_up = 0, bytes_down = 0;       // run totals so far
   size_t update_bytes = 0;                   // the round's UPDATE frame
@@ -95,7 +96,7 @@ struct RoundFields {
   std::map<std::string, std::string> refused; // provider → why its contribution was refused
   std::string discarded;                     // why the round's outer step was not taken, if not
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants, reason,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants, tokens, reason,
                                                 bytes_up, bytes_down, update_bytes, round_s,
                                                 compute_s, comm_s, frames, deadline_s,
                                                 late_contributions, round_wall_s, sync_overhead,

@@ -93,7 +93,7 @@ void Head::Impl::start_round() {
   in_round = true;
   last_wait_reason.clear();
   ledger.new_round();
-  model.aggregator().begin(aggregation_order(round, members));
+  model.aggregator().begin(aggregation_order(round, members), round_token_allowance(cfg, round.round));
   const std::set<std::string> to_start = round.active;  // a failed send edits round.active
   for (const auto& p : to_start) send(p, net::RoundStart{}, round.round);
 }

@@ -45,6 +45,7 @@ RoundRecord RunLedger::close_round(const RoundState& round, const std::string& r
     Member& m = members[p];
     m.tokens += tokens;
     m.last_round = round.round;
+    rec.tokens += tokens;
     rec.compute_s = std::max(rec.compute_s, m.compute_s);
   }
   rec.comm_s = std::max(0.0, rec.round_s - rec.compute_s);

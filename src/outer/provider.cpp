@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +26,7 @@
 #include "net/protocol.h"
 #include "outer/leader_rules.h"
 #include "outer/link.h"
+#include "outer/pace.h"
 #include "outer/sync.h"
 
 namespace xloco::outer {
@@ -108,13 +111,10 @@ class Leader {
     }
   }
 
-  // δ = θ_pub − θ is computed in θ's own memory (on a GPU, in its host copy): θ is spent once
-  // the round's steps are done, and the next round starts by overwriting it with θ_pub.
-  void contribute(uint64_t r, const torch::Tensor& theta_pub, torch::Tensor& theta,
-                  const common::FlatLayout& layout, uint64_t tokens, double compute_s) {
+  // Sends δ (flat, CPU) for round r; the encoder keeps what it could not send as its residual.
+  void contribute(uint64_t r, const torch::Tensor& delta, const common::FlatLayout& layout,
+                  uint64_t tokens, double compute_s) {
     torch::NoGradGuard guard;
-    torch::Tensor delta = theta.is_cpu() ? theta : theta.to(torch::kCPU);
-    torch::sub_out(delta, theta_pub, delta);
     std::vector<uint8_t> frame;
     compress::encode(up_, layout, delta, frame);
     bytes_up_ += static_cast<double>(frame.size());
@@ -243,6 +243,15 @@ class ProviderRun {
       metrics_.open((fs::path(opts.run_dir) / "metrics" / ("provider-" + opts.name + ".jsonl")).string());
     }
     resume_saved_state();
+    throttle_ = throttle_factor(std::getenv("XLOCO_THROTTLE"), opts.name);
+    if (leader_ && throttle_ > 1) {
+      spdlog::warn("provider {}: XLOCO_THROTTLE makes it {:g}x slower (a test device: it sleeps "
+                   "after each step)", opts.name, throttle_);
+    }
+    if (leader_ && delayed_) {
+      spdlog::info("provider {}: outer.overlap = delayed: it trains the next round while the "
+                   "last one's update is on its way", opts.name);
+    }
   }
 
   // The round the leader says to run, on every rank; 0 to stop.
@@ -264,23 +273,43 @@ class ProviderRun {
     return static_cast<uint64_t>(ctrl_[1].item<int64_t>());
   }
 
-  // H inner steps from θ_pub, then the leader's contribution; false when interrupted.
-  bool run_round(uint64_t r) {
+  // Round r's inner steps (next_step: H, or the time budget), on every rank: from θ_pub, or,
+  // `chained` (outer.overlap = delayed), from where the last round left the parameters. False
+  // when interrupted.
+  bool train_round(uint64_t r, bool chained) {
     const double state_wait_s = wait_for_save();  // the moments and residual are about to move
     {
       torch::NoGradGuard guard;
-      if (leader_) trainer_->params().copy_(theta_pub_);
+      if (leader_ && !chained) trainer_->params().copy_(theta_pub_);
       group_.broadcast(trainer_->params());
+      if (leader_ && delayed_) {
+        if (!start_.defined()) start_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
+        start_.copy_(trainer_->params());
+      }
     }
+    chained_ = chained;
     const auto start = Clock::now();
-    uint64_t tokens = 0;
-    const int64_t H = cfg_.outer.inner_steps;
-    const int64_t first = static_cast<int64_t>(r - 1) * H;
-    const int64_t end = std::min<int64_t>(first + H, cfg_.inner.steps);
-    for (int64_t step = first; step < end; ++step) {
-      const auto st = trainer_->train_step(*data_, step, common::pending_signal() != 0);
-      tokens += static_cast<uint64_t>(st.tokens);
-      if ((step + 1) % cfg_.inner.log_every == 0 || step + 1 == end) log_step(r, step, st, tokens, start);
+    idle_s_ = std::chrono::duration<double>(start - compute_end_).count();
+    state_wait_s_ = state_wait_s;
+    tokens_ = 0;
+    const int64_t first = static_cast<int64_t>(r - 1) * cfg_.outer.inner_steps;
+    int64_t done = 0;
+    for (;;) {
+      // Every rank must take the same decision: with a time budget the leader's clock decides,
+      // riding the next step's stop flag (an extra broadcast only when budgeted).
+      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      if (!more_steps(r, done, elapsed)) break;
+      const int64_t step = first + done;
+      const auto t_step = Clock::now();
+      const auto st = trainer_->train_step(*data_, step, common::pending_signal() != 0,
+                                           schedule_position(r, done, elapsed, cfg_));
+      ++done;
+      tokens_ += static_cast<uint64_t>(st.tokens);
+      if (throttle_ > 1) {
+        const auto took = Clock::now() - t_step;
+        std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(took * (throttle_ - 1)));
+      }
+      if (done % cfg_.inner.log_every == 0) log_step(r, step, st, tokens_, start);
       if (st.stop) {
         if (leader_) {
           spdlog::warn("provider {}: interrupted in round {}", opts_.name, r);
@@ -288,26 +317,82 @@ class ProviderRun {
         }
         return false;
       }
+      last_stats_ = st;
+      last_step_ = step;
     }
-    const double compute_s = std::chrono::duration<double>(Clock::now() - start).count();
-    if (leader_) {
-      const double up0 = lead_->bytes_up(), down0 = lead_->bytes_down();
-      lead_->contribute(r, theta_pub_, trainer_->params(), trainer_->layout(), tokens, compute_s);
-      const std::string base_hash = hash_of(theta_pub_);  // θ_pub(r − 1), before the update
-      // While the contribution goes out and the head closes the round: keep what a restart
-      // would otherwise lose, on a thread of its own (joined before the next round trains).
-      save_state(r, base_hash);
-      // Per round: its compute, and the time it spent not computing before it (sending,
-      // waiting for the round to close, receiving the update), with the bytes behind them.
-      metrics_.write({{"round_done", r}, {"compute_s", compute_s},
-                      {"idle_s", std::chrono::duration<double>(start - compute_end_).count()},
-                      {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
-                      {"state_save_s", last_save_s_}, {"state_wait_s", state_wait_s}});
-      down_at_end_ = down0;
-    }
+    if (done % cfg_.inner.log_every != 0) log_step(r, last_step_, last_stats_, tokens_, start);
+    steps_done_ = done;
+    compute_s_ = std::chrono::duration<double>(Clock::now() - start).count();
     compute_end_ = Clock::now();
     return true;
   }
+
+  // The leader's contribution for round r, its saved state and metrics; then, when the next
+  // round is chained (outer.overlap = delayed), the parameters it starts from: θ_pub(r − 1) − δ,
+  // the newest global model and this provider's own progress since the last one (eager
+  // updates, arXiv 2502.12996). Every rank takes them at the next round's broadcast.
+  void finish_round(uint64_t r) {
+    if (!leader_) return;
+    torch::NoGradGuard guard;
+    const double up0 = lead_->bytes_up(), down0 = lead_->bytes_down();
+    torch::Tensor& theta = trainer_->params();
+    torch::Tensor delta;
+    if (delayed_) {
+      // δ = start − θ in start's memory: θ lives on as the next round's start.
+      delta = start_;
+      torch::sub_out(delta, start_, theta.is_cpu() ? theta : theta.to(torch::kCPU));
+    } else {
+      // δ = θ_pub − θ in θ's own memory (on a GPU, in its host copy): θ is spent now, and the
+      // next round starts by overwriting it with θ_pub.
+      delta = theta.is_cpu() ? theta : theta.to(torch::kCPU);
+      torch::sub_out(delta, theta_pub_, delta);
+    }
+    lead_->contribute(r, delta, trainer_->layout(), tokens_, compute_s_);
+    const std::string base_hash = hash_of(theta_pub_);  // θ_pub(r − 1), before the update
+    // While the contribution goes out and the head closes the round: keep what a restart
+    // would otherwise lose, on a thread of its own (joined before the next round trains).
+    save_state(r, base_hash);
+    if (chains_next_round(r, cfg_)) {
+      torch::Tensor next = torch::sub(theta_pub_, delta);
+      theta.copy_(next);
+    }
+    // Per round: its compute, and the time it spent not computing before it (sending,
+    // waiting for the round to close, receiving the update), with the bytes behind them.
+    metrics_.write({{"round_done", r}, {"compute_s", compute_s_}, {"idle_s", idle_s_},
+                    {"steps", steps_done_}, {"tokens", tokens_}, {"chained", chained_},
+                    {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
+                    {"state_save_s", last_save_s_}, {"state_wait_s", state_wait_s_}});
+    down_at_end_ = down0;
+  }
+
+  // A chained round that the head did not confirm (it restarted, or this provider was
+  // resynchronised): its steps are dropped, and the round the head is at starts from θ_pub.
+  void discard(uint64_t r, uint64_t instead) {
+    if (leader_) {
+      spdlog::warn("provider {}: drops its steps of round {}, which it trained ahead of the head "
+                   "(the head is at round {} now)", opts_.name, r, instead);
+    }
+  }
+
+  bool delayed() const { return delayed_; }
+
+ private:
+  // next_step's verdict, the same on every rank: without a time budget it depends on the step
+  // count alone; with one, the leader's clock decides and a broadcast carries its verdict and
+  // its `elapsed` (which the schedule position also reads).
+  bool more_steps(uint64_t r, int64_t done, double& elapsed) {
+    if (cfg_.outer.round_budget_s <= 0) return next_step(r, done, elapsed, cfg_).more;
+    bool more = next_step(r, done, elapsed, cfg_).more;
+    if (group_.world() > 1) {
+      torch::Tensor v = torch::tensor({more ? 1.0 : 0.0, elapsed}, torch::kFloat64);
+      group_.broadcast(v);
+      more = v[0].item<double>() != 0;
+      elapsed = v[1].item<double>();
+    }
+    return more;
+  }
+
+ public:
 
   ~ProviderRun() { wait_for_save(); }
 
@@ -359,8 +444,20 @@ class ProviderRun {
                {"shard", shard_.index},
                {"adam_steps", trainer_->adam_steps()}};
     // The blobs borrow the moments and the residuals: nothing touches them until the next
-    // round trains (run_round), a fresh AdamW state replaces them (next_round) or the run
-    // ends, and each of those joins this first.
+    // round trains (train_round), a fresh AdamW state replaces them (next_round) or the run
+    // ends, and each of those joins this first. A delayed provider trains the next round at
+    // once, so it saves a copy (3 × the parameters in host memory while the write runs)
+    // rather than wait for the disk.
+    if (delayed_) {
+      for (auto& [file, blobs] : c.files) {
+        for (auto& b : blobs) {
+          if (b.borrowed == nullptr) continue;
+          b.data.assign(b.borrowed, b.borrowed + b.borrowed_size);
+          b.borrowed = nullptr;
+          b.borrowed_size = 0;
+        }
+      }
+    }
     saving_ = std::async(std::launch::async, [this, contents, r] {
       const auto start = Clock::now();
       try {
@@ -480,6 +577,14 @@ class ProviderRun {
   torch::Tensor theta_pub_;
   common::JsonlWriter metrics_;
   bool save_state_ = true;
+  const bool delayed_ = cfg_.outer.overlap == "delayed";
+  double throttle_ = 1;
+  torch::Tensor start_;  // the leader's copy of where a delayed round started (δ's base)
+  uint64_t tokens_ = 0;
+  int64_t steps_done_ = 0, last_step_ = 0;
+  inner::StepStats last_stats_;
+  double compute_s_ = 0, idle_s_ = 0, state_wait_s_ = 0;
+  bool chained_ = false;  // the round in hand started before the head confirmed it
   std::future<void> saving_;
   double last_save_s_ = 0;  // the last save's own time (written by its thread, read after a join)
   uint64_t save_failures_ = 0;
@@ -495,8 +600,26 @@ int run_provider(const common::Config& cfg, const ProviderOptions& opts, inner::
   common::install_forwarding_handlers();
   const auto t0 = Clock::now();
   ProviderRun run(cfg, opts, group, std::move(transport));
-  while (const uint64_t r = run.next_round()) {
-    if (!run.run_round(r)) return 130;
+  // With outer.overlap = delayed, a round after the first runs `chained`, before the head has
+  // started it; the head's ROUND_START (after the last round's update) confirms it before its
+  // contribution goes out.
+  uint64_t r = run.next_round();
+  bool chained = false;
+  while (r != 0) {
+    if (!run.train_round(r, chained)) return 130;
+    if (chained) {
+      const uint64_t confirmed = run.next_round();
+      if (confirmed == 0) break;
+      if (confirmed != r) {
+        run.discard(r, confirmed);
+        r = confirmed;
+        chained = false;
+        continue;
+      }
+    }
+    run.finish_round(r);
+    chained = chains_next_round(r, cfg);
+    r = chained ? r + 1 : run.next_round();
   }
   return run.finish(t0);
 }

@@ -226,6 +226,51 @@ net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& value
   return net::Frame(std::move(out));
 }
 
+// The head stops after round 4 as if killed (its providers cut: no BYE gets out) and restarts
+// from its checkpoint; the providers rejoin and the run ends with θ_pub agreeing everywhere.
+void head_restart(const std::string& overlap) {
+  ThreadedRun run("thr-restart-" + overlap, 3);
+  run.cfg.outer.head_timeout_s = 30;
+  run.cfg.outer.overlap = overlap;
+  auto head = run.head();
+  outer::Head* first = head.get();
+  run.on_round = [&](const outer::RoundRecord& r) {
+    if (r.round != 4) return;
+    for (int i = 0; i < 3; ++i) run.network->faults().cut("p" + std::to_string(i));  // it dies: no BYE gets out
+    first->stop();
+  };
+  for (int i = 0; i < 3; ++i) run.provider("p" + std::to_string(i), i);
+  CHECK(run.run_head(*head) == 130);
+  head.reset();
+  run.on_round = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(run.verdicts.mu);
+    run.verdicts.admissions.clear();
+    run.verdicts.rounds.clear();
+  }
+  for (int i = 0; i < 3; ++i) run.network->faults().heal("p" + std::to_string(i));
+  head = run.head(/*resume=*/true);
+  CHECK(run.run_head(*head) == 0);
+  run.join();
+  CHECK(run.provider_errors.empty());
+  REQUIRE(run.verdicts.rounds.size() == 2);
+  CHECK(run.verdicts.rounds.front().round == 5);  // the round after the checkpoint
+  CHECK(run.verdicts.rounds.back().participants == 3);
+  CHECK(run.verdicts.admissions.size() >= 3);  // every provider rejoined the new head
+  for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
+  const auto records = outer::read_round_records((run.run_dir() / "metrics/head.jsonl").string());
+  for (size_t i = 1; i < records.size(); ++i) CHECK(records[i].round == records[i - 1].round + 1);
+}
+
+// Rounds a provider trained before the head started them (outer.overlap = delayed).
+size_t chained_rounds(const fs::path& provider_dir, const std::string& name) {
+  size_t n = 0;
+  for (const auto& r : test::jsonl(provider_dir / "metrics" / ("provider-" + name + ".jsonl"))) {
+    n += r.contains("chained") && r["chained"].get<bool>();
+  }
+  return n;
+}
+
 }  // namespace
 
 TEST_SUITE("inproc_run") {
@@ -319,36 +364,51 @@ TEST_SUITE("inproc_run") {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    ThreadedRun run("thr-restart", 3);
-    run.cfg.outer.head_timeout_s = 30;
-    auto head = run.head();
-    outer::Head* first = head.get();
-    run.on_round = [&](const outer::RoundRecord& r) {
-      if (r.round != 4) return;
-      for (int i = 0; i < 3; ++i) run.network->faults().cut("p" + std::to_string(i));  // it dies: no BYE gets out
-      first->stop();
-    };
-    for (int i = 0; i < 3; ++i) run.provider("p" + std::to_string(i), i);
-    CHECK(run.run_head(*head) == 130);
-    head.reset();
-    run.on_round = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(run.verdicts.mu);
-      run.verdicts.admissions.clear();
-      run.verdicts.rounds.clear();
+    head_restart("none");
+  }
+
+  TEST_CASE("outer.overlap = delayed: the head restarted from its checkpoint; providers drop the round they trained ahead, rejoin, and theta_pub agrees everywhere") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
     }
-    for (int i = 0; i < 3; ++i) run.network->faults().heal("p" + std::to_string(i));
-    head = run.head(/*resume=*/true);
+    head_restart("delayed");
+  }
+
+  TEST_CASE("outer.overlap = delayed: providers train ahead of the head; one joining at round 3 counts from the round after, and theta_pub agrees everywhere") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    ThreadedRun run("thr-delayed-join", 3);
+    run.cfg.outer.overlap = "delayed";
+    run.cfg.outer.min_providers = 2;
+    run.cfg.outer.start_grace_s = 0;  // round 1 starts with the two there
+    auto head = run.head();
+    bool started = false;
+    run.on_round = [&](const outer::RoundRecord& r) {
+      if (r.round == 2 && !started) {
+        started = true;
+        run.provider("p2", 2);
+      }
+    };
+    run.provider("p0", 0);
+    run.provider("p1", 1);
     CHECK(run.run_head(*head) == 0);
     run.join();
     CHECK(run.provider_errors.empty());
-    REQUIRE(run.verdicts.rounds.size() == 2);
-    CHECK(run.verdicts.rounds.front().round == 5);  // the round after the checkpoint
-    CHECK(run.verdicts.rounds.back().participants == 3);
-    CHECK(run.verdicts.admissions.size() >= 3);  // every provider rejoined the new head
-    for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
-    const auto records = outer::read_round_records((run.run_dir() / "metrics/head.jsonl").string());
-    for (size_t i = 1; i < records.size(); ++i) CHECK(records[i].round == records[i - 1].round + 1);
+    std::lock_guard<std::mutex> lock(run.verdicts.mu);
+    REQUIRE(run.verdicts.rounds.size() == 6);
+    CHECK(run.verdicts.rounds.front().participants == 2);
+    CHECK(run.verdicts.rounds.back().participants == 3);  // the joiner counts
+    for (const auto& r : run.verdicts.rounds) CHECK_MESSAGE(r.discarded.empty(), r.discarded);
+    for (const std::string p : {"p0", "p1", "p2"}) {
+      CHECK_MESSAGE(run.provider_hash(p) == head->summary().theta_pub_hash, p);
+    }
+    // p0 and p1 trained rounds 2..6 ahead of the head; p2, from its second round on.
+    CHECK(chained_rounds(run.provider_dir("p0"), "p0") == 5);
+    CHECK(chained_rounds(run.provider_dir("p1"), "p1") == 5);
+    CHECK(chained_rounds(run.provider_dir("p2"), "p2") >= 1);
   }
 
   TEST_CASE("evaluation runs beside the rounds: none waits for it, one slower than a round is skipped saying why, and theta_pub is the same as without evaluation") {

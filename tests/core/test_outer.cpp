@@ -24,6 +24,11 @@
 #include "outer/documents.h"
 #include "outer/global_model.h"
 #include "outer/outer_opt.h"
+#include "outer/aggregate.h"
+#include "outer/pace.h"
+#include "inner/data.h"
+#include "inner/dist.h"
+#include "inner/model.h"
 #include "outer/round.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
@@ -76,6 +81,43 @@ double max_abs_diff(const std::string& a, const std::string& b) {
     for (size_t i = 0; i < t.data.size() / 4; ++i) worst = std::max(worst, double(std::abs(x[i] - y[i])));
   }
   return worst;
+}
+
+// The delayed (eager) DiLoCo update rule, written from its definition, for one provider on
+// fp32 links (θ_pub = θ_true): round r trains H steps from x, δ = x_start − x_end, the head
+// steps θ ← OuterOpt(θ, δ), and the next round starts from θ_pub(r − 1) − δ (delayed), or
+// from θ_pub(r) (none). The flat θ_true at the end.
+torch::Tensor reference_rule(const common::Config& c, bool delayed) {
+  inner::Group solo{inner::DistOptions{}};
+  inner::InnerTrainer t(c, inner::make_model(c), solo, torch::kCPU);
+  t.set_rng_stream(0);  // shard 0's stream, as the provider's
+  auto data = inner::make_dataset(c, {0, 1});
+  torch::Tensor theta = t.params().detach().clone();  // θ_true = θ_pub
+  torch::Tensor x = theta.clone(), prev_pub = theta.clone();
+  outer::OuterOptimizer opt(c.outer, theta.numel(), t.layout().buffers_offset);
+  const int64_t H = c.outer.inner_steps, rounds = common::total_rounds(c);
+  for (int64_t r = 1; r <= rounds; ++r) {
+    {
+      torch::NoGradGuard guard;
+      t.params().copy_(x);
+    }
+    const torch::Tensor start = x.clone();
+    for (int64_t step = (r - 1) * H; step < std::min<int64_t>(r * H, c.inner.steps); ++step) t.train_step(*data, step);
+    torch::NoGradGuard guard;
+    const torch::Tensor delta = start - t.params();
+    opt.step(theta, delta);
+    x = delayed ? prev_pub - delta : theta.clone();
+    prev_pub = theta.clone();
+  }
+  return theta;
+}
+
+torch::Tensor flat_theta_pub(const fs::path& ckpt) {
+  const auto st = common::read_safetensors((ckpt / "outer.safetensors").string());
+  const auto* pub = st.find("theta_pub");
+  REQUIRE(pub != nullptr);
+  return torch::from_blob(const_cast<uint8_t*>(pub->data.data()),
+                          {static_cast<int64_t>(pub->data.size() / 4)}, torch::kFloat32).clone();
 }
 
 }  // namespace
@@ -210,6 +252,41 @@ TEST_SUITE("outer") {
     MESSAGE("max |diloco - train| = " << diff);
     CHECK(diff <= 1e-6);
     check_replicas_agree(dir.path / "diloco", 1);
+  }
+
+  TEST_CASE("outer.overlap = delayed, one provider, fp32 links: theta is the delayed rule's, not the synchronous one's") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("delayed");
+    const std::vector<std::string> sets = {
+        "run.dir=" + dir.str(), "run.name=delayed", "model.d_model=32", "model.n_layer=1",
+        "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
+        "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
+        "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
+        "outer.eval_every=0", "outer.overlap=delayed"};
+    std::string args = " --providers 1 --config " + cfg();
+    for (const auto& kv : sets) args += " --set " + kv;
+    auto l = run_xloco("local" + args);
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    check_replicas_agree(dir.path / "delayed", 1);
+    const torch::Tensor got = flat_theta_pub(dir.path / "delayed/ckpt/round-000005");
+    const auto c = common::load_config(cfg(), sets);
+    const torch::Tensor delayed = reference_rule(c, true), sync = reference_rule(c, false);
+    REQUIRE(got.numel() == delayed.numel());
+    const double to_delayed = (got - delayed).abs().max().item<double>();
+    const double to_sync = (got - sync).abs().max().item<double>();
+    MESSAGE("max |run - delayed rule| = " << to_delayed << ", max |run - synchronous rule| = " << to_sync);
+    CHECK(to_delayed <= 1e-6);
+    CHECK(to_sync > 100 * std::max(to_delayed, 1e-7));  // the two rules are told apart
+    // Every round after the first was trained before the head started it.
+    size_t chained = 0;
+    for (const auto& r : jsonl(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl")) {
+      chained += r.contains("chained") && r["chained"].get<bool>();
+    }
+    CHECK(chained == 4);
   }
 
   TEST_CASE("fp32 both ways: theta_pub == theta_true bit for bit; identical data gives identical pseudo-gradients") {
@@ -355,5 +432,105 @@ TEST_SUITE("outer_faults") {
     CHECK(errno == ESRCH);
     CHECK(find_process(dir.str()) == -1);  // nor anywhere else (looked for, never signalled)
     guard.pid = -1;
+  }
+}
+
+TEST_SUITE("pace") {
+  TEST_CASE("next_step: H steps without a budget; with one, until it is spent but at least min_inner_steps, never past H or the run") {
+    common::Config c;
+    c.inner.steps = 110;
+    c.outer.inner_steps = 50;
+    CHECK(outer::next_step(1, 49, 1e9, c).more);
+    CHECK_FALSE(outer::next_step(1, 50, 0, c).more);
+    CHECK_FALSE(outer::next_step(3, 10, 0, c).more);  // the run's last round has 10 steps
+    CHECK(outer::next_step(3, 10, 0, c).reason.find("last 10") != std::string::npos);
+    c.outer.round_budget_s = 2;
+    c.outer.min_inner_steps = 3;
+    CHECK(outer::next_step(1, 7, 1.99, c).more);
+    CHECK_FALSE(outer::next_step(1, 7, 2.0, c).more);
+    CHECK(outer::next_step(1, 7, 2.0, c).reason.find("budget") != std::string::npos);
+    CHECK(outer::next_step(1, 2, 5.0, c).more);        // below the minimum: one more
+    CHECK_FALSE(outer::next_step(1, 3, 5.0, c).more);
+    CHECK_FALSE(outer::next_step(1, 50, 0.1, c).more);  // H is the cap
+  }
+
+  TEST_CASE("schedule_position: the step index without a budget; with one, the round's progress in time or steps, whichever is further") {
+    common::Config c;
+    c.inner.steps = 1000;
+    c.outer.inner_steps = 40;
+    CHECK(outer::schedule_position(3, 7, 123.0, c) == doctest::Approx(87));
+    c.outer.round_budget_s = 10;
+    // A provider 4x slower: 10 steps in the budget, spread over the round's 40 schedule steps.
+    CHECK(outer::schedule_position(3, 5, 5.0, c) == doctest::Approx(80 + 20));
+    // A fast one capped by H: its steps lead.
+    CHECK(outer::schedule_position(3, 30, 5.0, c) == doctest::Approx(80 + 30));
+    CHECK(outer::schedule_position(3, 9, 50.0, c) == doctest::Approx(80 + 39));  // never past the round
+  }
+
+  TEST_CASE("contribution_weight: tokens over the first contribution's, capped by the round's allowance") {
+    CHECK(outer::contribution_weight(400, 0, 1000) == 1.0);  // the first weighs 1
+    CHECK(outer::contribution_weight(100, 400, 1000) == doctest::Approx(0.25));
+    CHECK(outer::contribution_weight(400, 100, 1000) == doctest::Approx(4.0));
+    CHECK(outer::contribution_weight(5000, 1000, 1000) == doctest::Approx(1.0));  // capped
+    CHECK(outer::contribution_weight(300, 200, 0) == doctest::Approx(1.5));       // no cap given
+  }
+
+  TEST_CASE("the aggregator's delta is the token-weighted mean of the contributions") {
+    common::FlatLayout layout;
+    layout.append("w", {4, 8});
+    const auto a = torch::randn({32}), b = torch::randn({32}), d = torch::randn({32});
+    auto frame = [&](const torch::Tensor& v) {
+      compress::CodecConfig cc;
+      cc.codec = compress::Codec::kFp32;
+      cc.error_feedback = false;
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> out;
+      compress::encode(enc, layout, v, out);
+      return net::Frame(std::move(out));
+    };
+    outer::Aggregator agg(layout);
+    agg.begin({"p0", "p1", "p2"}, /*allowance=*/4000);
+    CHECK(agg.add("p0", frame(a), 4000).empty());
+    CHECK(agg.add("p1", frame(b), 1000).empty());  // a provider 4x slower in a budgeted round
+    CHECK(agg.add("p2", frame(d), 4000).empty());
+    CHECK(agg.finish().empty());
+    const auto want = (4000 * a + 1000 * b + 4000 * d) / 9000;
+    CHECK((agg.delta() - want).abs().max().item<double>() < 1e-6);
+  }
+
+  TEST_CASE("chains_next_round only with overlap = delayed and before the last round") {
+    common::Config c;
+    c.inner.steps = 100;
+    c.outer.inner_steps = 25;
+    CHECK_FALSE(outer::chains_next_round(1, c));
+    c.outer.overlap = "delayed";
+    CHECK(outer::chains_next_round(1, c));
+    CHECK(outer::chains_next_round(3, c));
+    CHECK_FALSE(outer::chains_next_round(4, c));  // the last round waits for its update
+  }
+
+  TEST_CASE("XLOCO_THROTTLE: the named provider's factor, 1 for others, malformed lists refused by name") {
+    CHECK(outer::throttle_factor(nullptr, "p") == 1.0);
+    CHECK(outer::throttle_factor("provider-3=4,provider-1=2", "provider-3") == 4.0);
+    CHECK(outer::throttle_factor("provider-3=4,provider-1=2", "provider-1") == 2.0);
+    CHECK(outer::throttle_factor("provider-3=4", "provider-0") == 1.0);
+    for (const char* bad : {"provider-3", "provider-3=0.5", "=4", "provider-3=4x"}) {
+      CHECK_THROWS_WITH_AS(outer::throttle_factor(bad, "p"), doctest::Contains("XLOCO_THROTTLE"), common::ConfigError);
+    }
+  }
+
+  TEST_CASE("config: overlap and time budgets are checked, and a run using neither hashes as before") {
+    common::Config c;
+    const std::string before = common::config_hash(c);
+    nlohmann::json j = common::to_json(c);
+    j["outer"]["overlap"] = "eager";
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.overlap"), common::ConfigError);
+    j["outer"]["overlap"] = "delayed";
+    CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["overlap"] = "none";
+    j["outer"]["min_inner_steps"] = 60;  // above H = 50
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("min_inner_steps"), common::ConfigError);
+    j["outer"]["min_inner_steps"] = 1;
+    CHECK(common::config_hash(common::parse_config(j)) == before);
   }
 }

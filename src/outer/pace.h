@@ -1,0 +1,47 @@
+// How a provider paces its rounds (design §2, §9), as pure functions of (progress, config):
+// when a round's inner steps end (H fixed steps, or outer.round_budget_s of time), where the
+// inner learning-rate schedule stands meanwhile, whether the next round starts before the last
+// one's update has arrived (outer.overlap), and how the head weights contributions of unequal
+// work. provider.cpp and aggregate.cpp carry the verdicts out; tests check the rules alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/config.h"
+
+namespace xloco::outer {
+
+struct StepVerdict {
+  bool more = false;  // run another inner step in this round
+  std::string reason;  // why the round's steps end (empty while they go on)
+};
+
+// After `done` inner steps of round `round`, `elapsed_s` into its compute: another step while
+// the round has steps left in the run (inner.steps) and below H = outer.inner_steps, and with a
+// time budget while the budget is not spent or fewer than outer.min_inner_steps have run.
+StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c);
+
+// The inner schedule's position (in steps) for step `done` of round `round`: (round − 1)·H + f·H
+// with f the larger of done / H and elapsed_s / budget (below 1): a provider 4× slower than
+// another runs a quarter of the steps in a budgeted round but the same part of the schedule.
+// Without a budget it is the step index itself, (round − 1)·H + done.
+double schedule_position(uint64_t round, int64_t done, double elapsed_s, const common::Config& c);
+
+// The weight of a contribution of `tokens` in Δ = Σ wᵢ·δᵢ / Σ wᵢ, relative to the first one
+// added (`first_tokens`; 0 when this is the first): its tokens, capped by the round's schedule
+// allowance (the head refuses a claim above it before this is asked), over the first's.
+double contribution_weight(uint64_t tokens, uint64_t first_tokens, uint64_t allowance);
+
+// With outer.overlap = "delayed", the provider goes on from round `round` straight into the
+// next (speculatively: the head confirms it with ROUND_START, or a resync discards it), unless
+// it was the run's last.
+bool chains_next_round(uint64_t round, const common::Config& c);
+
+// The test device for providers of unequal speed on one machine (design §9, not a feature):
+// XLOCO_THROTTLE="provider-3=4,provider-1=2" makes each named provider this many times slower
+// by sleeping (factor − 1) × each step's compute after it. The factor for `name` (1 = none);
+// throws common::ConfigError on a malformed list.
+double throttle_factor(const char* env, const std::string& name);
+
+}  // namespace xloco::outer
