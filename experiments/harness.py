@@ -20,6 +20,8 @@ Plan entries (see experiments/plans/quick.json):
   init      {"run": NAME, "step": S}: warm start the head from that train run's step-S checkpoint
   kill      {"provider": "provider-1", "after_round": N}: kill -9 that provider after round N
   rate      link rate for kind netns, e.g. "100mbit"
+  env       {NAME: value}: environment of the run's processes (kind local), e.g. the test device
+            {"XLOCO_THROTTLE": "provider-3=4"} that makes provider-3 4x slower
   score     image models: {"classifier": RUN, "images": N, "grid": G, "eval_batch_size": B,
             "eval_batches": M}: after the run, `xloco eval` with that batch size and count (every
             run scored on the same images and noise) and `xloco sample` of N images scored by
@@ -165,7 +167,7 @@ class Runner:
         with open(logfile, "w") as lf:
             # Its own session: the kill watcher signals only processes of this run.
             proc = subprocess.Popen(cmd, cwd=self.work, stdout=lf, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, env={**os.environ, **e.get("env", {})})
             watchers = []
             if "kill" in e:
                 watchers.append(threading.Thread(target=self.kill_later, args=(e, proc), daemon=True))
@@ -309,7 +311,9 @@ def collect(runner, e, extra):
     tokens = offset_tokens
     for x in rounds:
         in_round = min(H, steps - (x["round"] - 1) * H)
-        tokens += x["participants"] * in_round * batch * seq
+        # The head records each round's tokens (time-budgeted rounds vary them); older runs
+        # did not, and every contribution then was H steps.
+        tokens += x["tokens"] if x.get("tokens") else x["participants"] * in_round * batch * seq
         if "eval_loss" in x:
             r["curve"].append({"tokens": tokens, "eval_loss": x["eval_loss"],
                                "eval_accuracy": x.get("eval_accuracy"),
@@ -329,11 +333,33 @@ def collect(runner, e, extra):
               "param_bytes": summary["param_bytes"], "rounds": summary["rounds"],
               "utilization": comp / wall if wall > 0 else None,
               "min_participants": min(x["participants"] for x in rounds)})
+    r.update(provider_busy(run_dir))
     if e["kind"] == "netns":
         r["rate"] = e["rate"]
         reh = json.loads((run_dir / "rehearsal.json").read_text())
         r["addresses"] = sorted(p.get("address", "") for p in (reh.get("status") or {}).get("providers", []))
     return r
+
+
+def provider_busy(run_dir):
+    """Each provider's busy share from its own metrics, rounds 2 on: inner compute over compute
+    plus the time it did not compute before each round (sending, waiting for the round to close
+    and for the update, receiving it), and the steps it ran per round."""
+    busy, steps = {}, {}
+    for f in sorted(run_dir.glob("providers/*/metrics/provider-*.jsonl")):
+        rows = [x for x in read_jsonl(f) if "round_done" in x]
+        steady = [x for x in rows if x["round_done"] > 1]
+        comp = sum(x["compute_s"] for x in steady)
+        idle = sum(x["idle_s"] for x in steady)
+        name = f.stem[len("provider-"):]
+        if comp + idle > 0:
+            busy[name] = comp / (comp + idle)
+        if rows and "steps" in rows[0]:
+            steps[name] = sum(x["steps"] for x in rows) / len(rows)
+    if not busy:
+        return {}
+    return {"provider_busy": busy, "provider_busy_min": min(busy.values()),
+            "provider_steps_per_round": steps}
 
 
 def fmt_bytes(b):
@@ -365,7 +391,8 @@ def report(runner, results):
                         if base and r.get("final_accuracy") is not None
                         and base.get("final_accuracy") is not None else None)
     cols = ["name", "kind", "providers", "H", "codec", "sharding", "tokens", "final_eval_loss",
-            "loss_ratio", "final_accuracy", "bytes", "bytes_vs_dp", "wall_s", "utilization"]
+            "loss_ratio", "final_accuracy", "bytes", "bytes_vs_dp", "wall_s", "utilization",
+            "provider_busy_min"]
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
@@ -388,14 +415,15 @@ def report(runner, results):
             return "1 (reference)" if v == 1.0 else f"{v:.5f} ({1 / v:.0f}x fewer)"
         if c == "wall_s":
             return f"{v / 60:.1f} min"
-        if c == "utilization":
+        if c in ("utilization", "provider_busy_min"):
             return f"{100 * v:.2f} %"
         if c == "tokens":
             return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.1f} k"
         return str(v)
 
     heads = ["run", "kind", "K", "H", "codec up/down", "sharding", "tokens", "final eval loss",
-             "ratio to baseline", "accuracy", "bytes sent", "vs data parallel", "wall", "utilization"]
+             "ratio to baseline", "accuracy", "bytes sent", "vs data parallel", "wall", "utilization",
+             "least busy provider"]
     lines = [f"# Plan `{runner.plan['name']}` — {len(results)} runs", "",
              runner.plan.get("description", ""), "",
              "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -406,7 +434,8 @@ def report(runner, results):
         lines.append("| " + " | ".join(cell(r, c) for c in cols) + " |")
     lines += ["", "Baselines: " + ", ".join(sorted({r['baseline'] for r in results if r.get('baseline')})),
               "Utilization: inner compute / round wall time over rounds 2.. (the slowest provider's "
-              "compute each round). Bytes: up + down, all providers; data parallel = fp32 gradients "
+              "compute each round). Least busy provider: its inner compute / (compute + the time it "
+              "did not compute before each round), rounds 2.., from its own metrics. Bytes: up + down, all providers; data parallel = fp32 gradients "
               "both ways every step over the same K providers.", ""]
     scored = [r for r in results if r.get("score")]
     if scored:

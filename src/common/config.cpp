@@ -99,6 +99,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
   v("outer.overlap", c.outer.overlap, Choices{"none", "delayed"});
+  v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
   v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
   v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
@@ -253,6 +254,9 @@ void validate(const Config& c) {
                   "config: outer.topk = {} exceeds outer.block_size = {}", c.outer.topk,
                   c.outer.block_size);
   }
+  XLOCO_ENFORCE(c.outer.delay_steps <= c.outer.inner_steps, ConfigError,
+                "config: outer.delay_steps = {} exceeds outer.inner_steps = {} (the update of a "
+                "round is folded in within the next one)", c.outer.delay_steps, c.outer.inner_steps);
   XLOCO_ENFORCE(c.outer.min_inner_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.min_inner_steps = {} exceeds outer.inner_steps = {} (the most steps "
                 "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);
@@ -373,7 +377,10 @@ std::string config_hash(const Config& c) {
   }
   // Runs from before overlap and time budgets existed hash as they did (their checkpoints
   // and saved provider states still resume); the settings count once they are used.
-  if (c.outer.overlap == "none") j["outer"].erase("overlap");
+  if (c.outer.overlap == "none") {
+    j["outer"].erase("overlap");
+    j["outer"].erase("delay_steps");
+  }
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

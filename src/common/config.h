@@ -102,9 +102,14 @@ struct OuterConfig {
   double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
   // "none": a provider waits for round r's update before training round r + 1. "delayed": it
-  // trains round r + 1 at once from its own parameters and folds round r's update in when the
-  // round ends (x ← θ_pub(r) − δ(r + 1)): it never waits for the downlink (design §2).
+  // trains round r + 1 at once from its own parameters and folds round r's update in after
+  // delay_steps of them (θ ← θ_pub(r) + θ − base): it waits for the downlink only when the
+  // update takes longer than those steps (design §2).
   std::string overlap = "none";
+  // With "delayed": the inner steps of round r + 1 run before round r's update is folded in
+  // (1..inner_steps; 0 = inner_steps / 4, at least 1). More hides slower links; fewer keeps
+  // the providers closer to the global model.
+  int delay_steps = 0;
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.

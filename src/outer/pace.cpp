@@ -50,6 +50,11 @@ bool chains_next_round(uint64_t round, const common::Config& c) {
   return c.outer.overlap == "delayed" && static_cast<int>(round) < common::total_rounds(c);
 }
 
+int64_t fold_step(const common::Config& c) {
+  if (c.outer.delay_steps > 0) return c.outer.delay_steps;
+  return std::max<int64_t>(1, c.outer.inner_steps / 4);
+}
+
 double throttle_factor(const char* env, const std::string& name) {
   if (env == nullptr || *env == '\0') return 1.0;
   std::stringstream ss(env);

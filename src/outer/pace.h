@@ -38,6 +38,10 @@ double contribution_weight(uint64_t tokens, uint64_t first_tokens, uint64_t allo
 // it was the run's last.
 bool chains_next_round(uint64_t round, const common::Config& c);
 
+// The step of a chained round at which the last round's update is folded in: outer.delay_steps,
+// or inner_steps / 4 (at least 1) when it is 0. A round that ends sooner folds at its end.
+int64_t fold_step(const common::Config& c);
+
 // The test device for providers of unequal speed on one machine (design §9, not a feature):
 // XLOCO_THROTTLE="provider-3=4,provider-1=2" makes each named provider this many times slower
 // by sleeping (factor − 1) × each step's compute after it. The factor for `name` (1 = none);

@@ -1,6 +1,7 @@
 #include "outer/provider.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -273,18 +274,27 @@ class ProviderRun {
     return static_cast<uint64_t>(ctrl_[1].item<int64_t>());
   }
 
+  // How a round's inner steps ended.
+  struct RoundEnd {
+    enum What { kTrained, kInterrupted, kStop, kRedirect } what = kTrained;
+    uint64_t round = 0;  // kRedirect: the round the head is at instead
+  };
+
   // Round r's inner steps (next_step: H, or the time budget), on every rank: from θ_pub, or,
-  // `chained` (outer.overlap = delayed), from where the last round left the parameters. False
-  // when interrupted.
-  bool train_round(uint64_t r, bool chained) {
-    const double state_wait_s = wait_for_save();  // the moments and residual are about to move
+  // `chained` (outer.overlap = delayed), from where the last round left the parameters, with
+  // round r − 1's update folded in after outer.delay_steps of them (fold_update).
+  RoundEnd train_round(uint64_t r, bool chained) {
+    // The moments and residual are about to move: wait for a save that borrows them. A delayed
+    // provider's save works on copies (save_state), so its next round never waits for the disk.
+    const double state_wait_s = delayed_ ? 0.0 : wait_for_save();
     {
       torch::NoGradGuard guard;
       if (leader_ && !chained) trainer_->params().copy_(theta_pub_);
       group_.broadcast(trainer_->params());
       if (leader_ && delayed_) {
-        if (!start_.defined()) start_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
-        start_.copy_(trainer_->params());
+        // The base its progress is measured from: θ_pub, or the chained start until the fold.
+        if (!base_.defined()) base_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
+        base_.copy_(trainer_->params());
       }
     }
     chained_ = chained;
@@ -292,13 +302,21 @@ class ProviderRun {
     idle_s_ = std::chrono::duration<double>(start - compute_end_).count();
     state_wait_s_ = state_wait_s;
     tokens_ = 0;
+    double waited_s = 0;  // for the update, at the fold: idle, not compute
+    bool folded = !chained;
+    const int64_t fold_at = fold_step(cfg_);
     const int64_t first = static_cast<int64_t>(r - 1) * cfg_.outer.inner_steps;
     int64_t done = 0;
     for (;;) {
       // Every rank must take the same decision: with a time budget the leader's clock decides,
       // riding the next step's stop flag (an extra broadcast only when budgeted).
-      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      double elapsed = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
       if (!more_steps(r, done, elapsed)) break;
+      if (!folded && done == fold_at) {
+        const auto end = fold_update(r, waited_s);
+        if (end.what != RoundEnd::kTrained) return end;
+        folded = true;
+      }
       const int64_t step = first + done;
       const auto t_step = Clock::now();
       const auto st = trainer_->train_step(*data_, step, common::pending_signal() != 0,
@@ -315,22 +333,26 @@ class ProviderRun {
           spdlog::warn("provider {}: interrupted in round {}", opts_.name, r);
           lead_->goodbye("provider interrupted");
         }
-        return false;
+        return {RoundEnd::kInterrupted};
       }
       last_stats_ = st;
       last_step_ = step;
     }
+    // A round that ended before its fold step (a short last round, a spent budget) folds now.
+    if (!folded) {
+      const auto end = fold_update(r, waited_s);
+      if (end.what != RoundEnd::kTrained) return end;
+    }
     if (done % cfg_.inner.log_every != 0) log_step(r, last_step_, last_stats_, tokens_, start);
     steps_done_ = done;
-    compute_s_ = std::chrono::duration<double>(Clock::now() - start).count();
+    compute_s_ = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
+    idle_s_ += waited_s;
     compute_end_ = Clock::now();
-    return true;
+    return {};
   }
 
-  // The leader's contribution for round r, its saved state and metrics; then, when the next
-  // round is chained (outer.overlap = delayed), the parameters it starts from: θ_pub(r − 1) − δ,
-  // the newest global model and this provider's own progress since the last one (eager
-  // updates, arXiv 2502.12996). Every rank takes them at the next round's broadcast.
+  // The leader's contribution for round r, δ = base − θ (base: θ_pub, or with overlap the
+  // θ_pub its last fold brought in), its saved state and metrics.
   void finish_round(uint64_t r) {
     if (!leader_) return;
     torch::NoGradGuard guard;
@@ -338,9 +360,9 @@ class ProviderRun {
     torch::Tensor& theta = trainer_->params();
     torch::Tensor delta;
     if (delayed_) {
-      // δ = start − θ in start's memory: θ lives on as the next round's start.
-      delta = start_;
-      torch::sub_out(delta, start_, theta.is_cpu() ? theta : theta.to(torch::kCPU));
+      // δ in the base's memory: θ lives on as the next round's start.
+      delta = base_;
+      torch::sub_out(delta, base_, theta.is_cpu() ? theta : theta.to(torch::kCPU));
     } else {
       // δ = θ_pub − θ in θ's own memory (on a GPU, in its host copy): θ is spent now, and the
       // next round starts by overwriting it with θ_pub.
@@ -352,16 +374,12 @@ class ProviderRun {
     // While the contribution goes out and the head closes the round: keep what a restart
     // would otherwise lose, on a thread of its own (joined before the next round trains).
     save_state(r, base_hash);
-    if (chains_next_round(r, cfg_)) {
-      torch::Tensor next = torch::sub(theta_pub_, delta);
-      theta.copy_(next);
-    }
     // Per round: its compute, and the time it spent not computing before it (sending,
     // waiting for the round to close, receiving the update), with the bytes behind them.
     metrics_.write({{"round_done", r}, {"compute_s", compute_s_}, {"idle_s", idle_s_},
                     {"steps", steps_done_}, {"tokens", tokens_}, {"chained", chained_},
                     {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
-                    {"state_save_s", last_save_s_}, {"state_wait_s", state_wait_s_}});
+                    {"state_save_s", last_save_s_.load()}, {"state_wait_s", state_wait_s_}});
     down_at_end_ = down0;
   }
 
@@ -377,6 +395,28 @@ class ProviderRun {
   bool delayed() const { return delayed_; }
 
  private:
+  // The fold of a chained round r (design §2, outer.overlap = delayed): wait for the head's
+  // ROUND_START of r, which follows round r − 1's update, then move the progress made so far
+  // onto the new θ_pub: θ ← θ_pub(r − 1) + (θ − base), base ← θ_pub(r − 1) (the eager
+  // updates of arXiv 2502.12996; Streaming DiLoCo's merge). Every rank takes θ. A head that
+  // went elsewhere (a restart, a resync) redirects the provider to the round it is at.
+  RoundEnd fold_update(uint64_t r, double& waited_s) {
+    const auto t0 = Clock::now();
+    const uint64_t confirmed = next_round();
+    waited_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (confirmed == 0) return {RoundEnd::kStop};
+    if (confirmed != r) return {RoundEnd::kRedirect, confirmed};
+    torch::NoGradGuard guard;
+    torch::Tensor& theta = trainer_->params();
+    if (leader_) {
+      torch::Tensor moved = torch::add(theta_pub_, torch::sub(theta.is_cpu() ? theta : theta.to(torch::kCPU), base_));
+      theta.copy_(moved);
+      base_.copy_(theta_pub_);
+    }
+    group_.broadcast(theta);
+    return {};
+  }
+
   // next_step's verdict, the same on every rank: without a time budget it depends on the step
   // count alone; with one, the leader's clock decides and a broadcast carries its verdict and
   // its `elapsed` (which the schedule position also reads).
@@ -579,14 +619,14 @@ class ProviderRun {
   bool save_state_ = true;
   const bool delayed_ = cfg_.outer.overlap == "delayed";
   double throttle_ = 1;
-  torch::Tensor start_;  // the leader's copy of where a delayed round started (δ's base)
+  torch::Tensor base_;  // the leader's: what a delayed round's progress is measured from
   uint64_t tokens_ = 0;
   int64_t steps_done_ = 0, last_step_ = 0;
   inner::StepStats last_stats_;
   double compute_s_ = 0, idle_s_ = 0, state_wait_s_ = 0;
   bool chained_ = false;  // the round in hand started before the head confirmed it
   std::future<void> saving_;
-  double last_save_s_ = 0;  // the last save's own time (written by its thread, read after a join)
+  std::atomic<double> last_save_s_{0};  // the last save's own time (written by its thread)
   uint64_t save_failures_ = 0;
   common::LogLimiter save_log_;
   Clock::time_point compute_end_ = Clock::now();  // of the last round (or the join)
@@ -601,21 +641,18 @@ int run_provider(const common::Config& cfg, const ProviderOptions& opts, inner::
   const auto t0 = Clock::now();
   ProviderRun run(cfg, opts, group, std::move(transport));
   // With outer.overlap = delayed, a round after the first runs `chained`, before the head has
-  // started it; the head's ROUND_START (after the last round's update) confirms it before its
-  // contribution goes out.
+  // started it; the head's ROUND_START (after the last round's update) confirms it at its fold.
   uint64_t r = run.next_round();
   bool chained = false;
   while (r != 0) {
-    if (!run.train_round(r, chained)) return 130;
-    if (chained) {
-      const uint64_t confirmed = run.next_round();
-      if (confirmed == 0) break;
-      if (confirmed != r) {
-        run.discard(r, confirmed);
-        r = confirmed;
-        chained = false;
-        continue;
-      }
+    const auto end = run.train_round(r, chained);
+    if (end.what == ProviderRun::RoundEnd::kInterrupted) return 130;
+    if (end.what == ProviderRun::RoundEnd::kStop) break;
+    if (end.what == ProviderRun::RoundEnd::kRedirect) {
+      run.discard(r, end.round);
+      r = end.round;
+      chained = false;
+      continue;
     }
     run.finish_round(r);
     chained = chains_next_round(r, cfg);

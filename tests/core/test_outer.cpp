@@ -83,31 +83,43 @@ double max_abs_diff(const std::string& a, const std::string& b) {
   return worst;
 }
 
-// The delayed (eager) DiLoCo update rule, written from its definition, for one provider on
-// fp32 links (θ_pub = θ_true): round r trains H steps from x, δ = x_start − x_end, the head
-// steps θ ← OuterOpt(θ, δ), and the next round starts from θ_pub(r − 1) − δ (delayed), or
-// from θ_pub(r) (none). The flat θ_true at the end.
-torch::Tensor reference_rule(const common::Config& c, bool delayed) {
+// The DiLoCo update rule for one provider on fp32 links (θ_pub = θ_true), written from its
+// definition. Round r trains H steps from x and measures its progress from `base`: δ = base −
+// x_end; the head steps θ ← OuterOpt(θ, δ). Synchronous (fold 0): every round starts from
+// θ_pub(r − 1). Delayed (fold k): a round after the first starts where the last one ended, and
+// after k steps moves its progress onto θ_pub(r − 1): x ← θ_pub(r − 1) + (x − base), base ←
+// θ_pub(r − 1). The flat θ_true at the end.
+torch::Tensor reference_rule(const common::Config& c, int64_t fold) {
   inner::Group solo{inner::DistOptions{}};
   inner::InnerTrainer t(c, inner::make_model(c), solo, torch::kCPU);
   t.set_rng_stream(0);  // shard 0's stream, as the provider's
   auto data = inner::make_dataset(c, {0, 1});
   torch::Tensor theta = t.params().detach().clone();  // θ_true = θ_pub
-  torch::Tensor x = theta.clone(), prev_pub = theta.clone();
   outer::OuterOptimizer opt(c.outer, theta.numel(), t.layout().buffers_offset);
   const int64_t H = c.outer.inner_steps, rounds = common::total_rounds(c);
+  torch::Tensor base;
   for (int64_t r = 1; r <= rounds; ++r) {
+    const torch::Tensor pub = theta.clone();  // θ_pub(r − 1)
+    const bool chained = fold > 0 && r > 1;
     {
       torch::NoGradGuard guard;
-      t.params().copy_(x);
+      if (!chained) t.params().copy_(pub);
+      base = t.params().clone();
     }
-    const torch::Tensor start = x.clone();
-    for (int64_t step = (r - 1) * H; step < std::min<int64_t>(r * H, c.inner.steps); ++step) t.train_step(*data, step);
+    auto move_onto_pub = [&] {
+      torch::NoGradGuard guard;
+      t.params().copy_(pub + (t.params() - base));
+      base = pub.clone();
+    };
+    const int64_t n = std::min<int64_t>(H, c.inner.steps - (r - 1) * H);
+    for (int64_t j = 0; j < n; ++j) {
+      if (chained && j == fold) move_onto_pub();
+      t.train_step(*data, (r - 1) * H + j);
+    }
+    if (chained && n <= fold) move_onto_pub();
     torch::NoGradGuard guard;
-    const torch::Tensor delta = start - t.params();
+    const torch::Tensor delta = base - t.params();
     opt.step(theta, delta);
-    x = delayed ? prev_pub - delta : theta.clone();
-    prev_pub = theta.clone();
   }
   return theta;
 }
@@ -265,7 +277,7 @@ TEST_SUITE("outer") {
         "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
         "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
         "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
-        "outer.eval_every=0", "outer.overlap=delayed"};
+        "outer.eval_every=0", "outer.overlap=delayed", "outer.delay_steps=2"};
     std::string args = " --providers 1 --config " + cfg();
     for (const auto& kv : sets) args += " --set " + kv;
     auto l = run_xloco("local" + args);
@@ -274,13 +286,18 @@ TEST_SUITE("outer") {
     check_replicas_agree(dir.path / "delayed", 1);
     const torch::Tensor got = flat_theta_pub(dir.path / "delayed/ckpt/round-000005");
     const auto c = common::load_config(cfg(), sets);
-    const torch::Tensor delayed = reference_rule(c, true), sync = reference_rule(c, false);
+    const torch::Tensor delayed = reference_rule(c, 2), sync = reference_rule(c, 0),
+                        at_end = reference_rule(c, 4);
     REQUIRE(got.numel() == delayed.numel());
     const double to_delayed = (got - delayed).abs().max().item<double>();
     const double to_sync = (got - sync).abs().max().item<double>();
-    MESSAGE("max |run - delayed rule| = " << to_delayed << ", max |run - synchronous rule| = " << to_sync);
+    const double to_end = (got - at_end).abs().max().item<double>();
+    MESSAGE("max |run - delayed rule| = " << to_delayed << "; to the synchronous rule " << to_sync
+            << "; to the rule folding at the round's end " << to_end);
     CHECK(to_delayed <= 1e-6);
-    CHECK(to_sync > 100 * std::max(to_delayed, 1e-7));  // the two rules are told apart
+    // The rules are told apart: the test fails if the run follows another one.
+    CHECK(to_sync > 100 * std::max(to_delayed, 1e-7));
+    CHECK(to_end > 100 * std::max(to_delayed, 1e-7));
     // Every round after the first was trained before the head started it.
     size_t chained = 0;
     for (const auto& r : jsonl(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl")) {
@@ -509,6 +526,16 @@ TEST_SUITE("pace") {
     CHECK_FALSE(outer::chains_next_round(4, c));  // the last round waits for its update
   }
 
+  TEST_CASE("fold_step: outer.delay_steps, or a quarter of H (at least 1)") {
+    common::Config c;
+    c.outer.inner_steps = 50;
+    CHECK(outer::fold_step(c) == 12);
+    c.outer.inner_steps = 3;
+    CHECK(outer::fold_step(c) == 1);
+    c.outer.delay_steps = 3;
+    CHECK(outer::fold_step(c) == 3);
+  }
+
   TEST_CASE("XLOCO_THROTTLE: the named provider's factor, 1 for others, malformed lists refused by name") {
     CHECK(outer::throttle_factor(nullptr, "p") == 1.0);
     CHECK(outer::throttle_factor("provider-3=4,provider-1=2", "provider-3") == 4.0);
@@ -527,6 +554,9 @@ TEST_SUITE("pace") {
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.overlap"), common::ConfigError);
     j["outer"]["overlap"] = "delayed";
     CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["delay_steps"] = 51;
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("delay_steps"), common::ConfigError);
+    j["outer"]["delay_steps"] = 0;
     j["outer"]["overlap"] = "none";
     j["outer"]["min_inner_steps"] = 60;  // above H = 50
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("min_inner_steps"), common::ConfigError);
