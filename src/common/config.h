@@ -107,7 +107,7 @@ struct OuterConfig {
   // update takes longer than those steps (design §2).
   std::string overlap = "none";
   // With "delayed": the inner steps of round r + 1 run before round r's update is folded in
-  // (1..inner_steps; 0 = inner_steps / 4, at least 1). More hides slower links; fewer keeps
+  // (1..inner_steps; 0 = inner_steps / 10, at least 1). More hides slower links; fewer keeps
   // the providers closer to the global model.
   int delay_steps = 0;
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of

@@ -17,14 +17,16 @@ int64_t steps_in_round(uint64_t round, const common::Config& c) {
 }
 }  // namespace
 
-StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c) {
+StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c,
+                      double step_s) {
   const int64_t cap = steps_in_round(round, c);
   if (done >= cap) {
     return {false, cap < c.outer.inner_steps ? fmt::format("the run's last {} steps are done", cap)
                                              : fmt::format("H = {} steps done", cap)};
   }
   const double budget = c.outer.round_budget_s;
-  if (budget > 0 && elapsed_s >= budget && done >= std::min<int64_t>(c.outer.min_inner_steps, cap)) {
+  if (budget > 0 && elapsed_s + step_s / 2 >= budget &&
+      done >= std::min<int64_t>(c.outer.min_inner_steps, cap)) {
     return {false, fmt::format("the round's budget of {:g}s is spent after {} steps", budget, done)};
   }
   return {true, ""};
@@ -52,7 +54,7 @@ bool chains_next_round(uint64_t round, const common::Config& c) {
 
 int64_t fold_step(const common::Config& c) {
   if (c.outer.delay_steps > 0) return c.outer.delay_steps;
-  return std::max<int64_t>(1, c.outer.inner_steps / 4);
+  return std::max<int64_t>(1, c.outer.inner_steps / 10);
 }
 
 double throttle_factor(const char* env, const std::string& name) {

@@ -17,10 +17,13 @@ struct StepVerdict {
   std::string reason;  // why the round's steps end (empty while they go on)
 };
 
-// After `done` inner steps of round `round`, `elapsed_s` into its compute: another step while
-// the round has steps left in the run (inner.steps) and below H = outer.inner_steps, and with a
-// time budget while the budget is not spent or fewer than outer.min_inner_steps have run.
-StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c);
+// After `done` inner steps of round `round`, `elapsed_s` into its compute, the last step having
+// taken `step_s`: another step while the round has steps left in the run (inner.steps) and below
+// H = outer.inner_steps, and with a time budget while fewer than outer.min_inner_steps have run
+// or the next step would end nearer the budget than not (elapsed + step_s / 2 < budget): a slow
+// provider's last step overshoots the budget by at most half a step, and ends early by as much.
+StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c,
+                      double step_s = 0);
 
 // The inner schedule's position (in steps) for step `done` of round `round`: (round − 1)·H + f·H
 // with f the larger of done / H and elapsed_s / budget (below 1): a provider 4× slower than
@@ -39,7 +42,7 @@ double contribution_weight(uint64_t tokens, uint64_t first_tokens, uint64_t allo
 bool chains_next_round(uint64_t round, const common::Config& c);
 
 // The step of a chained round at which the last round's update is folded in: outer.delay_steps,
-// or inner_steps / 4 (at least 1) when it is 0. A round that ends sooner folds at its end.
+// or inner_steps / 10 (at least 1) when it is 0. A round that ends sooner folds at its end.
 int64_t fold_step(const common::Config& c);
 
 // The test device for providers of unequal speed on one machine (design §9, not a feature):

@@ -307,11 +307,12 @@ class ProviderRun {
     const int64_t fold_at = fold_step(cfg_);
     const int64_t first = static_cast<int64_t>(r - 1) * cfg_.outer.inner_steps;
     int64_t done = 0;
+    double step_s = 0;  // the last step's wall time (a fold's wait excluded)
     for (;;) {
       // Every rank must take the same decision: with a time budget the leader's clock decides,
       // riding the next step's stop flag (an extra broadcast only when budgeted).
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
-      if (!more_steps(r, done, elapsed)) break;
+      if (!more_steps(r, done, elapsed, step_s)) break;
       if (!folded && done == fold_at) {
         const auto end = fold_update(r, waited_s);
         if (end.what != RoundEnd::kTrained) return end;
@@ -327,6 +328,7 @@ class ProviderRun {
         const auto took = Clock::now() - t_step;
         std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(took * (throttle_ - 1)));
       }
+      step_s = std::chrono::duration<double>(Clock::now() - t_step).count();
       if (done % cfg_.inner.log_every == 0) log_step(r, step, st, tokens_, start);
       if (st.stop) {
         if (leader_) {
@@ -420,9 +422,9 @@ class ProviderRun {
   // next_step's verdict, the same on every rank: without a time budget it depends on the step
   // count alone; with one, the leader's clock decides and a broadcast carries its verdict and
   // its `elapsed` (which the schedule position also reads).
-  bool more_steps(uint64_t r, int64_t done, double& elapsed) {
+  bool more_steps(uint64_t r, int64_t done, double& elapsed, double step_s) {
     if (cfg_.outer.round_budget_s <= 0) return next_step(r, done, elapsed, cfg_).more;
-    bool more = next_step(r, done, elapsed, cfg_).more;
+    bool more = next_step(r, done, elapsed, cfg_, step_s).more;
     if (group_.world() > 1) {
       torch::Tensor v = torch::tensor({more ? 1.0 : 0.0, elapsed}, torch::kFloat64);
       group_.broadcast(v);

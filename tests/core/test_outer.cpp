@@ -469,6 +469,9 @@ TEST_SUITE("pace") {
     CHECK(outer::next_step(1, 2, 5.0, c).more);        // below the minimum: one more
     CHECK_FALSE(outer::next_step(1, 3, 5.0, c).more);
     CHECK_FALSE(outer::next_step(1, 50, 0.1, c).more);  // H is the cap
+    // A step of 0.8 s: the next one starts only if it would end less than 0.4 s past the budget.
+    CHECK(outer::next_step(1, 7, 1.59, c, 0.8).more);
+    CHECK_FALSE(outer::next_step(1, 7, 1.61, c, 0.8).more);
   }
 
   TEST_CASE("schedule_position: the step index without a budget; with one, the round's progress in time or steps, whichever is further") {
@@ -526,10 +529,10 @@ TEST_SUITE("pace") {
     CHECK_FALSE(outer::chains_next_round(4, c));  // the last round waits for its update
   }
 
-  TEST_CASE("fold_step: outer.delay_steps, or a quarter of H (at least 1)") {
+  TEST_CASE("fold_step: outer.delay_steps, or a tenth of H (at least 1)") {
     common::Config c;
     c.outer.inner_steps = 50;
-    CHECK(outer::fold_step(c) == 12);
+    CHECK(outer::fold_step(c) == 5);
     c.outer.inner_steps = 3;
     CHECK(outer::fold_step(c) == 1);
     c.outer.delay_steps = 3;
