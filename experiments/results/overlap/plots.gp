@@ -6,10 +6,18 @@ set title 'Eval loss vs tokens (mixed, plan overlap)'
 set xlabel 'tokens (millions)'
 set ylabel 'eval loss'
 unset logscale x
-plot 'plot-data/mixed-fixed.dat' using ($1/1e6):2 with linespoints title 'provider-3 4x slower, fixed H=50'
+plot 'plot-data/equal.dat' using ($1/1e6):2 with linespoints title 'K=4 equal speeds, H=50', 'plot-data/mixed-fixed.dat' using ($1/1e6):2 with linespoints title 'provider-3 4x slower, fixed H=50', 'plot-data/mixed-budget.dat' using ($1/1e6):2 with linespoints title 'provider-3 4x slower, 15 s time-budgeted rounds, delayed (fold after 8 steps)'
 set output 'loss-vs-bytes-mixed.png'
 set title 'Eval loss vs bytes communicated (mixed)'
 set xlabel 'bytes sent, up + down, all providers (log)'
 set logscale x
-plot 'plot-data/mixed-fixed.dat' using 3:2 with linespoints title 'provider-3 4x slower, fixed H=50'
+plot 'plot-data/equal.dat' using 3:2 with linespoints title 'K=4 equal speeds, H=50', 'plot-data/mixed-fixed.dat' using 3:2 with linespoints title 'provider-3 4x slower, fixed H=50', 'plot-data/mixed-budget.dat' using 3:2 with linespoints title 'provider-3 4x slower, 15 s time-budgeted rounds, delayed (fold after 8 steps)'
 unset logscale x
+set output 'utilization-vs-bandwidth.png'
+set title 'Compute utilization vs link bandwidth (K=4, H=50, int8)'
+set xlabel 'per-provider link rate, Mbit/s (log)'
+set logscale x
+set ylabel 'inner compute / wall (%)'
+set yrange [*:100]
+unset key
+plot 'plot-data/utilization.dat' using 1:2 with linespoints lw 2 pt 7, 97 dt 2 lc rgb 'red'
