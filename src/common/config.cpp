@@ -375,12 +375,11 @@ std::string config_hash(const Config& c) {
   if (c.model.vocab_size == 0 || (c.data.dataset == DatasetKind::kKjv && c.model.vocab_size == 256)) {
     j["model"].erase("vocab_size");
   }
-  // Runs from before overlap and time budgets existed hash as they did (their checkpoints
-  // and saved provider states still resume); the settings count once they are used.
-  if (c.outer.overlap == "none") {
-    j["outer"].erase("overlap");
-    j["outer"].erase("delay_steps");
-  }
+  // How a provider overlaps its rounds is its own business (the head's rules are the same
+  // either way), so providers need not agree on it. Runs from before time budgets existed
+  // hash as they did (their checkpoints and saved provider states still resume).
+  j["outer"].erase("overlap");
+  j["outer"].erase("delay_steps");
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

@@ -223,7 +223,9 @@ class ProviderRun {
  public:
   ProviderRun(const common::Config& cfg, const ProviderOptions& opts, inner::Group& group,
               std::unique_ptr<net::Transport> transport)
-      : cfg_(cfg), opts_(opts), group_(group), leader_(group.leader()) {
+      : cfg_(cfg), opts_(opts), group_(group), leader_(group.leader()),
+        // Parsed before joining: a malformed value is an error before the head admits it.
+        throttle_(throttle_factor(std::getenv("XLOCO_THROTTLE"), opts.name)) {
     if (leader_) {
       lead_ = std::make_unique<Leader>(cfg, opts, std::move(transport));
       const auto s = lead_->join();
@@ -244,7 +246,6 @@ class ProviderRun {
       metrics_.open((fs::path(opts.run_dir) / "metrics" / ("provider-" + opts.name + ".jsonl")).string());
     }
     resume_saved_state();
-    throttle_ = throttle_factor(std::getenv("XLOCO_THROTTLE"), opts.name);
     if (leader_ && throttle_ > 1) {
       spdlog::warn("provider {}: XLOCO_THROTTLE makes it {:g}x slower (a test device: it sleeps "
                    "after each step)", opts.name, throttle_);
@@ -387,6 +388,8 @@ class ProviderRun {
 
   // A chained round that the head did not confirm (it restarted, or this provider was
   // resynchronised): its steps are dropped, and the round the head is at starts from θ_pub.
+  // The AdamW moments keep what those steps added (as they keep what any round adds when the
+  // head goes back to an older checkpoint: leader_rules.h judge_saved_state).
   void discard(uint64_t r, uint64_t instead) {
     if (leader_) {
       spdlog::warn("provider {}: drops its steps of round {}, which it trained ahead of the head "
@@ -611,6 +614,7 @@ class ProviderRun {
   const ProviderOptions& opts_;
   inner::Group& group_;
   const bool leader_;
+  const double throttle_;  // XLOCO_THROTTLE's factor for this provider (a test device)
   std::unique_ptr<Leader> lead_;
   torch::Tensor ctrl_ = torch::zeros({3}, torch::kInt64);
   inner::Shard shard_;
@@ -620,7 +624,6 @@ class ProviderRun {
   common::JsonlWriter metrics_;
   bool save_state_ = true;
   const bool delayed_ = cfg_.outer.overlap == "delayed";
-  double throttle_ = 1;
   torch::Tensor base_;  // the leader's: what a delayed round's progress is measured from
   uint64_t tokens_ = 0;
   int64_t steps_done_ = 0, last_step_ = 0;

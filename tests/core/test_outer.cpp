@@ -549,14 +549,17 @@ TEST_SUITE("pace") {
     }
   }
 
-  TEST_CASE("config: overlap and time budgets are checked, and a run using neither hashes as before") {
+  TEST_CASE("config: overlap and time budgets are checked; overlap is not hashed, and a run without a budget hashes as before") {
     common::Config c;
     const std::string before = common::config_hash(c);
     nlohmann::json j = common::to_json(c);
     j["outer"]["overlap"] = "eager";
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.overlap"), common::ConfigError);
-    j["outer"]["overlap"] = "delayed";
+    j["outer"]["overlap"] = "delayed";  // a provider's own business: not hashed
+    CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["round_budget_s"] = 30;  // the schedule's: hashed
     CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["round_budget_s"] = 0;
     j["outer"]["delay_steps"] = 51;
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("delay_steps"), common::ConfigError);
     j["outer"]["delay_steps"] = 0;
