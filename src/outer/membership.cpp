@@ -7,6 +7,7 @@
 
 #include "compress/decoder.h"
 #include "compress/error.h"
+#include "outer/pace.h"
 #include "outer/sync.h"
 
 namespace xloco::outer {
@@ -224,9 +225,7 @@ std::optional<std::string> frame_problem(const net::Frame& frame, const common::
 }
 
 uint64_t round_token_allowance(const common::Config& config, uint64_t round) {
-  const int64_t H = config.outer.inner_steps;
-  const int64_t first = static_cast<int64_t>(round - 1) * H;
-  const int64_t steps = std::max<int64_t>(0, std::min<int64_t>(first + H, config.inner.steps) - first);
+  const int64_t steps = steps_in_round(round, config);
   const int64_t per_sample =
       config.data.dataset == common::DatasetKind::kFmnist ? 1 : config.model.seq_len;
   return static_cast<uint64_t>(steps) * static_cast<uint64_t>(config.inner.batch_size) *

@@ -9,13 +9,11 @@
 
 namespace xloco::outer {
 
-namespace {
 int64_t steps_in_round(uint64_t round, const common::Config& c) {
   const int64_t H = c.outer.inner_steps;
   const int64_t first = static_cast<int64_t>(round - 1) * H;
   return std::max<int64_t>(0, std::min<int64_t>(first + H, c.inner.steps) - first);
 }
-}  // namespace
 
 StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c,
                       double step_s) {

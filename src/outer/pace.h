@@ -12,6 +12,10 @@
 
 namespace xloco::outer {
 
+// The inner steps round `round` has in the run's schedule: H = outer.inner_steps, fewer in a
+// last round that inner.steps cuts short.
+int64_t steps_in_round(uint64_t round, const common::Config& c);
+
 struct StepVerdict {
   bool more = false;  // run another inner step in this round
   std::string reason;  // why the round's steps end (empty while they go on)

@@ -311,7 +311,7 @@ class ProviderRun {
     double step_s = 0;  // the last step's wall time (a fold's wait excluded)
     for (;;) {
       // Every rank must take the same decision: with a time budget the leader's clock decides,
-      // riding the next step's stop flag (an extra broadcast only when budgeted).
+      // and more_steps broadcasts its verdict (a broadcast per step only when budgeted).
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
       if (!more_steps(r, done, elapsed, step_s)) break;
       if (!folded && done == fold_at) {
@@ -397,8 +397,6 @@ class ProviderRun {
     }
   }
 
-  bool delayed() const { return delayed_; }
-
  private:
   // The fold of a chained round r (design §2, outer.overlap = delayed): wait for the head's
   // ROUND_START of r, which follows round r − 1's update, then move the progress made so far
@@ -414,8 +412,10 @@ class ProviderRun {
     torch::NoGradGuard guard;
     torch::Tensor& theta = trainer_->params();
     if (leader_) {
-      torch::Tensor moved = torch::add(theta_pub_, torch::sub(theta.is_cpu() ? theta : theta.to(torch::kCPU), base_));
-      theta.copy_(moved);
+      // In place (on a GPU, in its host copy): no model-sized temporaries.
+      torch::Tensor host = theta.is_cpu() ? theta : theta.to(torch::kCPU);
+      host.sub_(base_).add_(theta_pub_);
+      if (!theta.is_cpu()) theta.copy_(host);
       base_.copy_(theta_pub_);
     }
     group_.broadcast(theta);
@@ -438,7 +438,6 @@ class ProviderRun {
   }
 
  public:
-
   ~ProviderRun() { wait_for_save(); }
 
   int finish(const Clock::time_point t0) {

@@ -140,6 +140,14 @@ struct GroupGuard {
   GroupGuard& operator=(const GroupGuard&) = delete;
 };
 
+// Rounds a provider trained before the head started them (outer.overlap = delayed), from its
+// metrics file.
+inline size_t chained_rounds(const std::filesystem::path& provider_metrics) {
+  size_t n = 0;
+  for (const auto& r : jsonl(provider_metrics)) n += r.contains("chained") && r["chained"].get<bool>();
+  return n;
+}
+
 // Waits (up to 3 minutes) until head.jsonl has n rounds; false if `pid` exits first.
 inline bool wait_rounds(const std::filesystem::path& head_jsonl, size_t n, pid_t pid) {
   for (int i = 0; i < 1800; ++i) {

@@ -262,15 +262,6 @@ void head_restart(const std::string& overlap) {
   for (size_t i = 1; i < records.size(); ++i) CHECK(records[i].round == records[i - 1].round + 1);
 }
 
-// Rounds a provider trained before the head started them (outer.overlap = delayed).
-size_t chained_rounds(const fs::path& provider_dir, const std::string& name) {
-  size_t n = 0;
-  for (const auto& r : test::jsonl(provider_dir / "metrics" / ("provider-" + name + ".jsonl"))) {
-    n += r.contains("chained") && r["chained"].get<bool>();
-  }
-  return n;
-}
-
 }  // namespace
 
 TEST_SUITE("inproc_run") {
@@ -406,9 +397,10 @@ TEST_SUITE("inproc_run") {
       CHECK_MESSAGE(run.provider_hash(p) == head->summary().theta_pub_hash, p);
     }
     // p0 and p1 trained rounds 2..6 ahead of the head; p2, from its second round on.
-    CHECK(chained_rounds(run.provider_dir("p0"), "p0") == 5);
-    CHECK(chained_rounds(run.provider_dir("p1"), "p1") == 5);
-    CHECK(chained_rounds(run.provider_dir("p2"), "p2") >= 1);
+    const auto metrics = [&](const std::string& p) { return run.provider_dir(p) / "metrics" / ("provider-" + p + ".jsonl"); };
+    CHECK(test::chained_rounds(metrics("p0")) == 5);
+    CHECK(test::chained_rounds(metrics("p1")) == 5);
+    CHECK(test::chained_rounds(metrics("p2")) >= 1);
   }
 
   TEST_CASE("evaluation runs beside the rounds: none waits for it, one slower than a round is skipped saying why, and theta_pub is the same as without evaluation") {

@@ -299,11 +299,7 @@ TEST_SUITE("outer") {
     CHECK(to_sync > 100 * std::max(to_delayed, 1e-7));
     CHECK(to_end > 100 * std::max(to_delayed, 1e-7));
     // Every round after the first was trained before the head started it.
-    size_t chained = 0;
-    for (const auto& r : jsonl(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl")) {
-      chained += r.contains("chained") && r["chained"].get<bool>();
-    }
-    CHECK(chained == 4);
+    CHECK(test::chained_rounds(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl") == 4);
   }
 
   TEST_CASE("fp32 both ways: theta_pub == theta_true bit for bit; identical data gives identical pseudo-gradients") {
