@@ -100,6 +100,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.shared_data", c.outer.shared_data, Flag{});
   v("outer.overlap", c.outer.overlap, Choices{"none", "delayed"});
   v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
+  v("outer.fold", c.outer.fold, Choices{"step", "arrival"});
   v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
   v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
@@ -380,6 +381,7 @@ std::string config_hash(const Config& c) {
   // hash as they did (their checkpoints and saved provider states still resume).
   j["outer"].erase("overlap");
   j["outer"].erase("delay_steps");
+  j["outer"].erase("fold");
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

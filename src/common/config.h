@@ -110,6 +110,11 @@ struct OuterConfig {
   // (1..inner_steps; 0 = inner_steps / 10, at least 1). More hides slower links; fewer keeps
   // the providers closer to the global model.
   int delay_steps = 0;
+  // With "delayed", when the update is folded in. "step": at delay_steps exactly, so that a run
+  // is reproducible bit for bit. "arrival": at the first step boundary after it has come in
+  // (at delay_steps at the latest): the fewest steps from a stale start, and so the least loss,
+  // but where the fold falls depends on the link's timing (θ_pub is identical everywhere still).
+  std::string fold = "step";
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.

@@ -55,6 +55,18 @@ int64_t fold_step(const common::Config& c) {
   return std::max<int64_t>(1, c.outer.inner_steps / 10);
 }
 
+FoldVerdict fold_now(int64_t done, bool arrived, const common::Config& c) {
+  const int64_t at = fold_step(c);
+  if (c.outer.fold == "arrival" && arrived) {
+    return {true, false, fmt::format("the update came in before step {} (outer.fold = arrival)", done)};
+  }
+  if (done >= at) {
+    return {true, !arrived, fmt::format("step {} is outer.delay_steps: the update is folded in{}", at,
+                                        arrived ? "" : ", waiting for it")};
+  }
+  return {false, false, ""};
+}
+
 double throttle_factor(const char* env, const std::string& name) {
   if (env == nullptr || *env == '\0') return 1.0;
   std::stringstream ss(env);

@@ -49,6 +49,18 @@ bool chains_next_round(uint64_t round, const common::Config& c);
 // or inner_steps / 10 (at least 1) when it is 0. A round that ends sooner folds at its end.
 int64_t fold_step(const common::Config& c);
 
+struct FoldVerdict {
+  bool fold = false;  // fold the last round's update in before step `done`
+  bool wait = false;  // ... waiting for it if it has not come in
+  std::string reason;
+};
+
+// Before step `done` of a chained round whose update has not been folded in yet, `arrived`
+// telling whether it has come in: with outer.fold = "arrival", fold as soon as it has; at
+// fold_step (outer.delay_steps) fold in any case, waiting for it if need be. With "step" the
+// fold comes at fold_step alone, whenever the update arrived, so that a run is reproducible.
+FoldVerdict fold_now(int64_t done, bool arrived, const common::Config& c);
+
 // The test device for providers of unequal speed on one machine (design §9, not a feature):
 // XLOCO_THROTTLE="provider-3=4,provider-1=2" makes each named provider this many times slower
 // by sleeping (factor − 1) × each step's compute after it. The factor for `name` (1 = none);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -83,14 +84,23 @@ class Leader {
   // Returns the round to run, or 0 to stop.
   uint64_t next_round(torch::Tensor& theta_pub, const common::FlatLayout& layout) {
     while (true) {
+      if (auto r = poll(theta_pub, layout, std::chrono::milliseconds(200))) return *r;
+    }
+  }
+
+  // The head's messages that have come in within `wait` (none left waiting: 0), applied as
+  // next_round applies them. The round to run (0: stop) once its ROUND_START is among them.
+  std::optional<uint64_t> poll(torch::Tensor& theta_pub, const common::FlatLayout& layout,
+                               std::chrono::milliseconds wait) {
+    while (true) {
       if (common::pending_signal() != 0) {
         link_.post(net::Bye{"provider interrupted"}, state_.done_round);
         stopped_by_signal_ = true;
         return 0;
       }
       check_head_alive();
-      auto env = link_.next(std::chrono::milliseconds(200));
-      if (!env) continue;
+      auto env = link_.next(wait);
+      if (!env) return std::nullopt;
       const LeaderVerdict v = on_head_message(state_, *env);
       switch (v.action) {
         case LeaderAction::kRunRound: return env->round;
@@ -260,7 +270,9 @@ class ProviderRun {
   uint64_t next_round() {
     ctrl_.zero_();
     if (leader_) {
-      const uint64_t r = lead_->next_round(theta_pub_, trainer_->layout());
+      // A ROUND_START that update_arrived() already took is this call's answer.
+      const uint64_t r = pending_round_ ? *std::exchange(pending_round_, std::nullopt)
+                                        : lead_->next_round(theta_pub_, trainer_->layout());
       ctrl_[0] = r == 0 ? kStop : kRound;
       ctrl_[1] = static_cast<int64_t>(r);
       ctrl_[2] = lead_->take_fresh_state() ? 1 : 0;
@@ -305,7 +317,7 @@ class ProviderRun {
     tokens_ = 0;
     double waited_s = 0;  // for the update, at the fold: idle, not compute
     bool folded = !chained;
-    const int64_t fold_at = fold_step(cfg_);
+    folded_at_ = -1;
     const int64_t first = static_cast<int64_t>(r - 1) * cfg_.outer.inner_steps;
     int64_t done = 0;
     double step_s = 0;  // the last step's wall time (a fold's wait excluded)
@@ -314,10 +326,11 @@ class ProviderRun {
       // and more_steps broadcasts its verdict (a broadcast per step only when budgeted).
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
       if (!more_steps(r, done, elapsed, step_s)) break;
-      if (!folded && done == fold_at) {
+      if (!folded && fold_now(done, cfg_.outer.fold == "arrival" && update_arrived(), cfg_).fold) {
         const auto end = fold_update(r, waited_s);
         if (end.what != RoundEnd::kTrained) return end;
         folded = true;
+        folded_at_ = done;
       }
       const int64_t step = first + done;
       const auto t_step = Clock::now();
@@ -345,6 +358,7 @@ class ProviderRun {
     if (!folded) {
       const auto end = fold_update(r, waited_s);
       if (end.what != RoundEnd::kTrained) return end;
+      folded_at_ = done;
     }
     if (done % cfg_.inner.log_every != 0) log_step(r, last_step_, last_stats_, tokens_, start);
     steps_done_ = done;
@@ -381,6 +395,7 @@ class ProviderRun {
     // waiting for the round to close, receiving the update), with the bytes behind them.
     metrics_.write({{"round_done", r}, {"compute_s", compute_s_}, {"idle_s", idle_s_},
                     {"steps", steps_done_}, {"tokens", tokens_}, {"chained", chained_},
+                    {"folded_at", folded_at_},
                     {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
                     {"state_save_s", last_save_s_.load()}, {"state_wait_s", state_wait_s_}});
     down_at_end_ = down0;
@@ -420,6 +435,22 @@ class ProviderRun {
     }
     group_.broadcast(theta);
     return {};
+  }
+
+  // Whether round r − 1's update (and the head's ROUND_START after it) has come in, without
+  // waiting for it; the leader's answer on every rank (a broadcast per step when world > 1).
+  bool update_arrived() {
+    bool arrived = false;
+    if (leader_) {
+      if (!pending_round_) pending_round_ = lead_->poll(theta_pub_, trainer_->layout(), std::chrono::milliseconds(0));
+      arrived = pending_round_.has_value();
+    }
+    if (group_.world() > 1) {
+      torch::Tensor v = torch::tensor({arrived ? int64_t{1} : int64_t{0}}, torch::kInt64);
+      group_.broadcast(v);
+      arrived = v[0].item<int64_t>() != 0;
+    }
+    return arrived;
   }
 
   // next_step's verdict, the same on every rank: without a time budget it depends on the step
@@ -629,6 +660,8 @@ class ProviderRun {
   inner::StepStats last_stats_;
   double compute_s_ = 0, idle_s_ = 0, state_wait_s_ = 0;
   bool chained_ = false;  // the round in hand started before the head confirmed it
+  int64_t folded_at_ = -1;  // the step its fold came at (-1: not chained)
+  std::optional<uint64_t> pending_round_;  // the leader's: a ROUND_START polled before its fold
   std::future<void> saving_;
   std::atomic<double> last_save_s_{0};  // the last save's own time (written by its thread)
   uint64_t save_failures_ = 0;

@@ -89,7 +89,10 @@ double max_abs_diff(const std::string& a, const std::string& b) {
 // θ_pub(r − 1). Delayed (fold k): a round after the first starts where the last one ended, and
 // after k steps moves its progress onto θ_pub(r − 1): x ← θ_pub(r − 1) + (x − base), base ←
 // θ_pub(r − 1). The flat θ_true at the end.
-torch::Tensor reference_rule(const common::Config& c, int64_t fold) {
+// `fold_at[r]`: the step of round r before which round r − 1's update is folded in (H or more:
+// after its last step); -1: round r starts from θ_pub (synchronous). Rounds past the vector's
+// end take its last entry.
+torch::Tensor reference_rule(const common::Config& c, const std::vector<int64_t>& fold_at) {
   inner::Group solo{inner::DistOptions{}};
   inner::InnerTrainer t(c, inner::make_model(c), solo, torch::kCPU);
   t.set_rng_stream(0);  // shard 0's stream, as the provider's
@@ -100,7 +103,8 @@ torch::Tensor reference_rule(const common::Config& c, int64_t fold) {
   torch::Tensor base;
   for (int64_t r = 1; r <= rounds; ++r) {
     const torch::Tensor pub = theta.clone();  // θ_pub(r − 1)
-    const bool chained = fold > 0 && r > 1;
+    const int64_t fold = fold_at[std::min<size_t>(static_cast<size_t>(r), fold_at.size() - 1)];
+    const bool chained = fold >= 0 && r > 1;
     {
       torch::NoGradGuard guard;
       if (!chained) t.params().copy_(pub);
@@ -122,6 +126,11 @@ torch::Tensor reference_rule(const common::Config& c, int64_t fold) {
     opt.step(theta, delta);
   }
   return theta;
+}
+
+// The same step in every round: `fold` 0 is the synchronous rule.
+torch::Tensor reference_rule(const common::Config& c, int64_t fold) {
+  return reference_rule(c, std::vector<int64_t>{fold > 0 ? fold : -1});
 }
 
 torch::Tensor flat_theta_pub(const fs::path& ckpt) {
@@ -300,6 +309,50 @@ TEST_SUITE("outer") {
     CHECK(to_end > 100 * std::max(to_delayed, 1e-7));
     // Every round after the first was trained before the head started it.
     CHECK(test::chained_rounds(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl") == 4);
+  }
+
+  TEST_CASE("outer.fold = arrival: each round folds as soon as the update is in, and theta follows the rule at those steps") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("arrival");
+    // H = delay_steps = 16: a fold at step 16 would be the fallback (the update never seen
+    // early). The throttle makes a step ~10x slower, so that the update (tens of ms on
+    // loopback) comes in a few steps into the next round.
+    const std::vector<std::string> sets = {
+        "run.dir=" + dir.str(), "run.name=arrival", "model.d_model=32", "model.n_layer=1",
+        "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
+        "inner.eval_batches=2", "inner.log_every=8", "inner.steps=64", "inner.lr=4e-4",
+        "inner.min_lr=4e-5", "outer.inner_steps=16", "outer.codec_up=fp32", "outer.codec_down=fp32",
+        "outer.eval_every=0", "outer.overlap=delayed", "outer.delay_steps=16", "outer.fold=arrival"};
+    std::string args = " --providers 1 --config " + cfg();
+    for (const auto& kv : sets) args += " --set " + kv;
+    setenv("XLOCO_THROTTLE", "provider-0=10", 1);
+    auto l = run_xloco("local" + args);
+    unsetenv("XLOCO_THROTTLE");
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    check_replicas_agree(dir.path / "arrival", 1);
+    std::vector<int64_t> fold_at = {-1, -1};  // round 1 is not chained
+    for (const auto& m : jsonl(dir.path / "arrival/providers/provider-0/metrics/provider-provider-0.jsonl")) {
+      if (!m.contains("round_done") || m["round_done"].get<int64_t>() < 2) continue;
+      REQUIRE(m["chained"].get<bool>());
+      fold_at.push_back(m["folded_at"].get<int64_t>());
+    }
+    REQUIRE(fold_at.size() == 5);  // rounds 2..4
+    std::string folds;
+    for (size_t r = 2; r < fold_at.size(); ++r) folds += " " + std::to_string(fold_at[r]);
+    MESSAGE("folded before steps" << folds << " of rounds 2..4 (16: the fallback)");
+    // The update of a round comes in well before the next one's 16 steps are done.
+    CHECK(*std::max_element(fold_at.begin() + 2, fold_at.end()) < 16);
+    const auto c = common::load_config(cfg(), sets);
+    const torch::Tensor got = flat_theta_pub(dir.path / "arrival/ckpt/round-000004");
+    const double to_rule = (got - reference_rule(c, fold_at)).abs().max().item<double>();
+    const double to_fallback = (got - reference_rule(c, 16)).abs().max().item<double>();
+    MESSAGE("max |run - rule at those steps| = " << to_rule << "; to the rule folding at step 16 " << to_fallback);
+    CHECK(to_rule <= 1e-6);
+    CHECK(to_fallback > 100 * std::max(to_rule, 1e-7));
   }
 
   TEST_CASE("fp32 both ways: theta_pub == theta_true bit for bit; identical data gives identical pseudo-gradients") {
@@ -535,6 +588,29 @@ TEST_SUITE("pace") {
     CHECK(outer::fold_step(c) == 3);
   }
 
+  TEST_CASE("fold_now: at delay_steps with outer.fold = step whenever the update came; as soon as it has with arrival") {
+    common::Config c;
+    c.outer.inner_steps = 50;
+    c.outer.overlap = "delayed";  // fold_step 5
+    CHECK_FALSE(outer::fold_now(0, true, c).fold);  // "step": arrival does not matter
+    CHECK_FALSE(outer::fold_now(4, true, c).fold);
+    auto v = outer::fold_now(5, false, c);
+    CHECK(v.fold);
+    CHECK(v.wait);
+    CHECK(v.reason.find("waiting") != std::string::npos);
+    CHECK_FALSE(outer::fold_now(5, true, c).wait);
+    c.outer.fold = "arrival";
+    CHECK_FALSE(outer::fold_now(2, false, c).fold);
+    v = outer::fold_now(2, true, c);
+    CHECK(v.fold);
+    CHECK_FALSE(v.wait);
+    CHECK(v.reason.find("arrival") != std::string::npos);
+    CHECK(outer::fold_now(0, true, c).fold);  // already in before the first step
+    v = outer::fold_now(5, false, c);  // delay_steps stays the latest fold
+    CHECK(v.fold);
+    CHECK(v.wait);
+  }
+
   TEST_CASE("XLOCO_THROTTLE: the named provider's factor, 1 for others, malformed lists refused by name") {
     CHECK(outer::throttle_factor(nullptr, "p") == 1.0);
     CHECK(outer::throttle_factor("provider-3=4,provider-1=2", "provider-3") == 4.0);
@@ -553,6 +629,11 @@ TEST_SUITE("pace") {
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.overlap"), common::ConfigError);
     j["outer"]["overlap"] = "delayed";  // a provider's own business: not hashed
     CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["fold"] = "arrival";
+    CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["fold"] = "soon";
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.fold"), common::ConfigError);
+    j["outer"]["fold"] = "step";
     j["outer"]["round_budget_s"] = 30;  // the schedule's: hashed
     CHECK(common::config_hash(common::parse_config(j)) != before);
     j["outer"]["round_budget_s"] = 0;
