@@ -26,6 +26,11 @@ PACKAGES=(
   # plots of the convergence harness (make experiments)
   gnuplot-nox
 )
+# The dashboard's test in a real headless browser, and a font for its screenshots: not in the
+# images (XLOCO_SETUP_IMAGE=1), where they would add ~300 MB to every pull.
+if [ "${XLOCO_SETUP_IMAGE:-0}" != 1 ]; then
+  PACKAGES+=(chromium fonts-dejavu-core)
+fi
 PACKAGES+=(${XLOCO_EXTRA_PACKAGES:-})
 
 missing=()

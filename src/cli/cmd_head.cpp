@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 
 void add_head_command(CLI::App& app) {
   struct Args {
-    std::string config, bind, advertise, key, init, endpoint_file, http, http_token;
+    std::string config, bind, advertise, key, init, endpoint_file, http, http_token, baseline;
     std::vector<std::string> overrides, allow;
     bool insecure = false, resume = false, auto_resume = false;
   };
@@ -46,9 +46,15 @@ void add_head_command(CLI::App& app) {
   cmd->add_option("--init", a->init, "warm start θ from an xloco checkpoint directory, a Hugging Face GPT-2 directory or a nanoGPT-named .safetensors file")->envname("XLOCO_INIT");
   cmd->add_option("--endpoint-file", a->endpoint_file, "write the bound endpoint here once listening")->envname("XLOCO_ENDPOINT_FILE");
   cmd->add_option("--http", a->http,
-                  "serve GET /status and /metrics on HOST:PORT (HOST defaults to 127.0.0.1; port 0 "
-                  "picks a free one; the URL goes to runs/NAME/status.url)")
+                  "serve the dashboard (GET /), /status, /history, /run and /metrics on HOST:PORT "
+                  "(HOST defaults to 127.0.0.1; port 0 picks a free one; the URL goes to "
+                  "runs/NAME/status.url)")
       ->envname("XLOCO_HTTP");
+  cmd->add_option("--baseline", a->baseline,
+                  "draw this single-cluster run's eval curve beside the run's on the dashboard: "
+                  "the metrics JSONL of an `xloco train` run (runs/NAME/metrics/provider-0.jsonl)")
+      ->check(CLI::ExistingFile)
+      ->envname("XLOCO_BASELINE");
   cmd->add_option("--http-token", a->http_token,
                   "bearer token for the status endpoint, required when --http binds beyond "
                   "loopback; only its holders see provider addresses")
@@ -102,6 +108,7 @@ void add_head_command(CLI::App& app) {
     ho.init = a->init;
     ho.http = a->http;
     ho.http_token = a->http_token;
+    ho.baseline = a->baseline;
     outer::Head head(cfg, ho, std::move(server));
     const int rc = head.run();
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct LocalArgs {
-  std::string config, init;
+  std::string config, init, http = "127.0.0.1:0", baseline;
   std::vector<std::string> overrides;
   std::vector<int> start_order;  // provider indices in the order they start; empty: 0..K-1
   int providers = 0, nproc = 1;
@@ -124,7 +124,8 @@ int run_local(const LocalArgs& in) {
   std::vector<std::string> head_argv = with_overrides({exe, "head"}, a);
   head_argv.insert(head_argv.end(), {"--bind", "tcp://127.0.0.1:0", "--endpoint-file",
                                      (run_dir / "head.endpoint").string(), "--http",
-                                     "127.0.0.1:0"});
+                                     a.http});
+  if (!a.baseline.empty()) head_argv.insert(head_argv.end(), {"--baseline", a.baseline});
   if (a.resume) head_argv.push_back("--resume");
   if (!a.init.empty()) head_argv.insert(head_argv.end(), {"--init", a.init});
   if (a.insecure) {
@@ -208,6 +209,13 @@ void add_local_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--init", a->init, "warm start θ from a checkpoint (see `xloco head --init`)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--http", a->http,
+                  "the head's dashboard and status port, HOST:PORT (default 127.0.0.1:0: a free "
+                  "port; the URL is logged and written to runs/NAME/status.url)");
+  cmd->add_option("--baseline", a->baseline,
+                  "draw this `xloco train` run's eval curve on the dashboard "
+                  "(runs/NAME/metrics/provider-0.jsonl)")
+      ->check(CLI::ExistingFile);
   cmd->callback([a]() {
     const int rc = run_local(*a);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -1,5 +1,7 @@
 #include "outer/documents.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "common/error.h"
@@ -18,6 +20,45 @@ void from_json(const nlohmann::json& j, RoundRecord& r) {
   r.eval_loss = j.value("eval_loss", nlohmann::json()).get<std::optional<double>>();
   r.eval_accuracy = j.value("eval_accuracy", nlohmann::json()).get<std::optional<double>>();
   r.eval_skipped = j.value("eval_skipped", nlohmann::json()).get<std::optional<std::string>>();
+}
+
+HistoryPoint history_point(const RoundRecord& r) {
+  HistoryPoint h;
+  h.round = r.round;
+  h.tokens = r.tokens;
+  h.participants = r.participants;
+  h.bytes_up = r.bytes_up;
+  h.bytes_down = r.bytes_down;
+  h.round_wall_s = r.round_wall_s;
+  h.compute_s = r.compute_s;
+  h.utilization = r.round_wall_s > 0 ? std::clamp(r.compute_s / r.round_wall_s, 0.0, 1.0) : 0.0;
+  h.eval_loss = r.eval_loss;
+  return h;
+}
+
+std::vector<BaselinePoint> read_baseline(const std::string& path) {
+  std::ifstream in(path);
+  XLOCO_ENFORCE(in.good(), common::IoError,
+                "--baseline {}: cannot open it (the metrics JSONL of an `xloco train` run, e.g. "
+                "runs/NAME/metrics/provider-0.jsonl)", path);
+  std::vector<BaselinePoint> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    XLOCO_ENFORCE(!j.is_discarded() && j.is_object(), common::IoError,
+                  "--baseline {}: line {} is not a JSON object", path, n);
+    if (!j.contains("eval_loss")) continue;  // step lines
+    XLOCO_ENFORCE(j["eval_loss"].is_number() && j.contains("step") && j["step"].is_number_integer(),
+                  common::IoError, "--baseline {}: line {} has eval_loss without an integer step",
+                  path, n);
+    const double loss = j["eval_loss"].get<double>();
+    XLOCO_ENFORCE(std::isfinite(loss), common::IoError, "--baseline {}: line {}: eval_loss is not finite",
+                  path, n);
+    out.push_back({j["step"].get<int64_t>(), loss});
+  }
+  XLOCO_ENFORCE(!out.empty(), common::IoError, "--baseline {}: no eval_loss lines in it", path);
+  return out;
 }
 
 template <typename T>

@@ -40,10 +40,14 @@ struct ProviderStatus {
   double tokens_per_s = 0;
   double bytes_up = 0, bytes_down = 0;
   double last_seen_s = -1;   // seconds since anything came from it; -1 before its first HELLO
+  // Its inner compute over the wall time between its first and its last contribution to this
+  // head since it was admitted (from the compute time each contribution reports, so a claim,
+  // clamped to [0, 1]); null before its second contribution.
+  std::optional<double> busy;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ProviderStatus, name, address, state, reason, up,
                                                 shard, last_round, step, tokens, tokens_per_s,
-                                                bytes_up, bytes_down, last_seen_s)
+                                                bytes_up, bytes_down, last_seen_s, busy)
 
 // GET /status.
 struct HeadStatus {
@@ -153,6 +157,47 @@ struct HeadCheckpointState {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeadCheckpointState, round, run, config,
                                                 config_hash, members, theta_pub_hash,
                                                 momentum_hash, bytes_up, bytes_down)
+
+// One round in GET /history (the dashboard's curves): a head.jsonl record cut to what is drawn.
+struct HistoryPoint {
+  uint64_t round = 0;
+  uint64_t tokens = 0;                 // this round's contributions'
+  size_t participants = 0;
+  double bytes_up = 0, bytes_down = 0; // run totals after it
+  double round_wall_s = 0;
+  double compute_s = 0;                // slowest participant's
+  double utilization = 0;              // compute_s / round_wall_s (1 − sync_overhead)
+  std::optional<double> eval_loss;     // null when the round was not evaluated
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HistoryPoint, round, tokens, participants,
+                                                bytes_up, bytes_down, round_wall_s, compute_s,
+                                                utilization, eval_loss)
+HistoryPoint history_point(const RoundRecord& r);
+
+// A point of the single-cluster baseline's eval curve (the head's --baseline: the metrics
+// JSONL of an `xloco train` run), by inner step.
+struct BaselinePoint {
+  int64_t step = 0;
+  double eval_loss = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BaselinePoint, step, eval_loss)
+
+// GET /run: what does not change while the head runs.
+struct RunInfo {
+  std::string run;
+  int total_rounds = 0;
+  int inner_steps = 0;       // H: round r ends at inner step r·H (the baseline's x axis)
+  int providers = 0;
+  nlohmann::json config;     // common::to_json
+  std::string baseline_file; // "" when the run names no baseline
+  std::vector<BaselinePoint> baseline;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RunInfo, run, total_rounds, inner_steps, providers,
+                                                config, baseline_file, baseline)
+
+// The eval points ({"step", "eval_loss"} lines) of an `xloco train` run's metrics JSONL;
+// throws common::IoError naming the file and the line when it cannot be read or has none.
+std::vector<BaselinePoint> read_baseline(const std::string& path);
 
 // Reads a document from a file; throws common::IoError naming the file and what is wrong.
 template <typename T>

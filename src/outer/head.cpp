@@ -16,7 +16,10 @@ namespace fs = std::filesystem;
 
 Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t)
     : cfg(c), opts(std::move(o)), net(std::move(t)), model(c, opts.init),
-      total(common::total_rounds(c)), ledger(cfg, opts.run_dir, opts.observer.round_closed) {
+      total(common::total_rounds(c)), ledger(cfg, opts.run_dir, [this](const RoundRecord& r) {
+        if (opts.observer.round_closed) opts.observer.round_closed(r);
+        if (status) status->add_round(r);  // the dashboard's history
+      }) {
   // A run directory the head cannot write is found now, not at the first checkpoint; what an
   // interrupted checkpoint left behind goes.
   common::check_writable(opts.run_dir);
@@ -38,8 +41,28 @@ Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Tr
     done_rounds = st.round;
   }
   if (!opts.http.empty()) {
+    RunInfo info;
+    info.run = cfg.run.name;
+    info.total_rounds = total;
+    info.inner_steps = cfg.outer.inner_steps;
+    info.providers = cfg.outer.providers;
+    info.config = common::to_json(cfg);
+    if (!opts.baseline.empty()) {  // read before the port opens: a bad file is an error at start
+      info.baseline = read_baseline(opts.baseline);
+      info.baseline_file = opts.baseline;
+    }
     status = StatusServer::start(opts.http, opts.run_dir, opts.http_token);
+    status->set_run(std::move(info));
+    // A resumed run's curves start where it started, not at its checkpoint.
+    if (done_rounds > 0) {
+      for (const auto& r : read_round_records((fs::path(opts.run_dir) / "metrics" / "head.jsonl").string())) {
+        if (r.round <= done_rounds) status->add_round(r);
+      }
+    }
     publish_status("waiting");  // the run's name and position from the first request on
+  } else {
+    XLOCO_ENFORCE(opts.baseline.empty(), common::ConfigError,
+                  "--baseline {} is drawn by the dashboard: it needs --http", opts.baseline);
   }
   // A frame is at most the parameters in fp32 plus its tables; a peer's queue may hold a full
   // state and two updates, beyond which it does not keep up (and held frames cost memory).

@@ -35,6 +35,8 @@ struct HeadOptions {
   std::string summary_file;           // where the end-of-run summary JSON goes ("" = run_dir/summary.json)
   std::string http;                   // HOST:PORT of the status endpoint ("" = none)
   std::string http_token;             // its bearer token (required beyond loopback)
+  std::string baseline;               // the dashboard's baseline curve: an `xloco train` run's
+                                      // metrics JSONL ("" = none)
   HeadObserver observer;
 };
 

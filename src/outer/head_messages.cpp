@@ -1,5 +1,7 @@
 // The head's side of each message and each verdict (head_impl.h): the rules of membership.h
 // decide, these functions send, log and change state.
+#include <cmath>
+
 #include <spdlog/spdlog.h>
 
 #include "common/metrics.h"
@@ -108,6 +110,8 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
   Member& m = members[peer];
   m.shard = a.shard;
   m.last_seen = m.admitted_at = Clock::now();
+  m.first_contribution = m.last_contribution = {};  // its busy share counts from here
+  m.compute_since_first_s = 0;
   m.address = address;
   leave_round(peer);
   for (auto& [r, body] : model.join_messages(a.shard, a.sync)) {
@@ -150,6 +154,13 @@ void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net:
     set_state({peer, MemberState::kActive, fmt::format("on time again in round {}", r)});
   }
   m.compute_s = c.compute_s;
+  const auto now = Clock::now();
+  if (m.first_contribution == Clock::time_point{}) {
+    m.first_contribution = now;
+  } else if (std::isfinite(c.compute_s) && c.compute_s > 0) {
+    m.compute_since_first_s += c.compute_s;
+  }
+  m.last_contribution = now;
   ledger.count_up(m, c.payload.size());
   reject(model.aggregator().add(peer, c.payload, c.tokens));
 }

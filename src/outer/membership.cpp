@@ -342,6 +342,10 @@ std::vector<ProviderStatus> provider_statuses(const Members& members, Clock::tim
     p.tokens_per_s = m.tokens_per_s;
     p.bytes_up = m.bytes_up;
     p.bytes_down = m.bytes_down;
+    const double span = std::chrono::duration<double>(m.last_contribution - m.first_contribution).count();
+    if (m.first_contribution != Clock::time_point{} && span > 0) {
+      p.busy = std::clamp(m.compute_since_first_s / span, 0.0, 1.0);
+    }
     p.last_seen_s = m.last_seen == Clock::time_point{}
                         ? -1.0
                         : std::chrono::duration<double>(now - m.last_seen).count();

@@ -44,6 +44,10 @@ struct Member {
   double tokens_per_s = 0;                 // from its heartbeats
   double bytes_up = 0, bytes_down = 0;
   double compute_s = 0;                    // inner compute of its last contribution
+  // Since its admission: its first and last contributions, and the compute the ones after the
+  // first report (its busy share in /status).
+  Clock::time_point first_contribution{}, last_contribution{};
+  double compute_since_first_s = 0;
   std::string address;                     // IP address of its last HELLO, as the head sees it
   std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
 };

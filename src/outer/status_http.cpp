@@ -81,6 +81,8 @@ struct StatusServer::Impl {
   std::thread thread;
   mutable std::mutex mu;
   HeadStatus status;
+  std::string run_json = "{}";           // GET /run, serialised once
+  std::vector<HistoryPoint> history;     // by round, ascending
   std::string host, token;
   bool open_bind = false;  // bound beyond loopback: every request needs the token
   int connections = 0;     // the io thread only
@@ -109,37 +111,79 @@ struct StatusServer::Impl {
       res.set(http::field::content_type, "text/plain");
       res.body() = body;
     };
-    const std::string target(req.target());
+    const std::string full_target(req.target());
+    const auto query_at = full_target.find('?');
+    const std::string target = full_target.substr(0, query_at);
+    const std::string query = query_at == std::string::npos ? "" : full_target.substr(query_at + 1);
     std::string presented;
     if (const auto it = req.find(http::field::authorization); it != req.end()) {
       const std::string value(it->value());
       if (value.rfind("Bearer ", 0) == 0) presented = value.substr(7);
     }
     const bool authenticated = !token.empty() && equal_secret(presented, token);
-    HeadStatus snapshot;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      snapshot = status;
-    }
+    const auto json_body = [&](std::string body) {
+      res.result(http::status::ok);
+      res.set(http::field::content_type, "application/json");
+      res.set(http::field::cache_control, "no-store");
+      res.body() = std::move(body);
+    };
     if (req.method() != http::verb::get) {
       text(http::status::method_not_allowed, "only GET\n");
+    } else if (target == "/" || target == "/index.html") {
+      // The page holds no data (it fetches the rest with the token from its URL's fragment),
+      // so it is served to anyone; nothing it loads comes from elsewhere.
+      res.result(http::status::ok);
+      res.set(http::field::content_type, "text/html; charset=utf-8");
+      res.set(http::field::cache_control, "no-store");
+      res.set("Content-Security-Policy",
+              "default-src 'none'; connect-src 'self'; img-src 'self' data:; "
+              "style-src 'unsafe-inline'; script-src 'unsafe-inline'");
+      res.body() = dashboard_page();
     } else if (open_bind && !authenticated) {
       text(http::status::unauthorized,
            "send Authorization: Bearer TOKEN (the head's --http-token / XLOCO_HTTP_TOKEN)\n");
       res.set(http::field::www_authenticate, "Bearer");
-    } else if (target == "/status" || target == "/") {
+    } else if (target == "/history") {
+      uint64_t since = 0;
+      if (query.rfind("since=", 0) == 0) {
+        try {
+          since = std::stoull(query.substr(6));
+        } catch (const std::exception&) {
+          since = 0;
+        }
+      }
+      json rounds = json::array();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        const auto from = std::upper_bound(history.begin(), history.end(), since,
+                                           [](uint64_t r, const HistoryPoint& h) { return r < h.round; });
+        for (auto it = from; it != history.end(); ++it) rounds.push_back(*it);
+      }
+      json_body(json{{"rounds", std::move(rounds)}}.dump() + "\n");
+    } else if (target == "/run") {
+      std::lock_guard<std::mutex> lock(mu);
+      json_body(run_json);
+    } else if (target == "/status") {
+      HeadStatus snapshot;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        snapshot = status;
+      }
       if (!authenticated) {
         for (auto& p : snapshot.providers) p.address.clear();  // addresses for the token's holders
       }
-      res.result(http::status::ok);
-      res.set(http::field::content_type, "application/json");
-      res.body() = json(snapshot).dump(2) + "\n";
+      json_body(json(snapshot).dump(2) + "\n");
     } else if (target == "/metrics") {
+      HeadStatus snapshot;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        snapshot = status;
+      }
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = prometheus_text(snapshot);
     } else {
-      text(http::status::not_found, "not found: try /status or /metrics\n");
+      text(http::status::not_found, "not found: try /, /status, /history, /run or /metrics\n");
     }
     res.prepare_payload();
     return res;
@@ -219,13 +263,29 @@ std::unique_ptr<StatusServer> StatusServer::start(const std::string& bind, const
   } catch (const common::Error& e) {
     spdlog::warn("status: {} (xloco status --run will not find the URL)", e.what());
   }
-  spdlog::info("status: {}/status and {}/metrics (xloco status --head {})", url, url, url);
+  spdlog::info("status: {}/ (the dashboard; beyond loopback {}/#token=TOKEN), {}/status and "
+               "{}/metrics (xloco status --head {})", url, url, url, url, url);
   return server;
 }
 
 void StatusServer::publish(HeadStatus status) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->status = std::move(status);
+}
+
+void StatusServer::set_run(RunInfo info) {
+  std::string body = json(info).dump() + "\n";
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->run_json = std::move(body);
+}
+
+void StatusServer::add_round(const RoundRecord& record) {
+  HistoryPoint point = history_point(record);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& h = impl_->history;
+  // Rounds come in order; a head that resumed from an older checkpoint records some again.
+  while (!h.empty() && h.back().round >= point.round) h.pop_back();
+  h.push_back(std::move(point));
 }
 
 std::string StatusServer::url() const {

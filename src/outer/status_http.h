@@ -1,10 +1,14 @@
-// The head's status endpoint (design §8): GET /status (JSON) and GET /metrics (Prometheus text
-// format 0.0.4) over asynchronous Boost.Beast on its own thread, so a slow or hostile client
-// never touches the round loop: each connection has a 5 s deadline, 64 are served at once, and
-// the server stops at once with clients connected. It binds 127.0.0.1 unless told otherwise;
-// beyond loopback every request needs the bearer token, and provider addresses are shown only
-// to callers that present it. The head publishes a snapshot after each change. Also the small
-// HTTP GET that `xloco status` uses.
+// The head's status endpoint (design §8): GET / (the dashboard, one self-contained page),
+// /status (JSON), /history?since=N (the rounds after N, for the dashboard's curves), /run (the
+// config and the baseline curve) and /metrics (Prometheus text format 0.0.4), over
+// asynchronous Boost.Beast on its own thread, so a slow or hostile client never touches the
+// round loop: each connection has a 5 s deadline, 64 are served at once, and the server stops
+// at once with clients connected. It binds 127.0.0.1 unless told otherwise; beyond loopback
+// every request but the page itself (which holds no data) needs the bearer token, and provider
+// addresses are shown only to callers that present it. The page sends the token it finds in
+// its URL's fragment (http://HOST:PORT/#token=TOKEN: a fragment never leaves the browser).
+// The head publishes a snapshot after each change and each round as it is recorded. Also the
+// small HTTP GET that `xloco status` uses.
 #pragma once
 
 #include <memory>
@@ -31,12 +35,17 @@ class StatusServer {
                                              const std::string& token = "");
 
   void publish(HeadStatus status);
+  void set_run(RunInfo info);                // GET /run
+  void add_round(const RoundRecord& record);  // GET /history: in order, a repeat replaces
   std::string url() const;  // http://HOST:PORT
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The dashboard page (src/outer/dashboard.html, compiled in).
+const std::string& dashboard_page();
 
 // /metrics from a /status snapshot: every metric with HELP and TYPE, counters named *_total,
 // label values escaped.

@@ -299,6 +299,91 @@ TEST_SUITE("elastic_rules") {
     CHECK_THROWS_WITH(outer::http_get(open.url(), "/status", 5), doctest::Contains("HTTP 401"));
     CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/status", 5, token))["providers"][0]["address"] == "10.1.2.3");
   }
+
+  TEST_CASE("status server: GET / is the dashboard for anyone and loads nothing from elsewhere; /history?since=N and /run carry the data, behind the token beyond loopback") {
+    const std::string token = "0123456789abcdef0123";
+    outer::StatusServer open("0.0.0.0:0", token);
+    // The page holds no data: served without the token, and self-contained (no CDN).
+    const std::string page = outer::http_get(open.url(), "/", 5);
+    CHECK(page == outer::dashboard_page());
+    CHECK(page.find("id=\"loss-chart\"") != std::string::npos);
+    CHECK(page.find("id=\"providers\"") != std::string::npos);
+    CHECK(page.find("<script src") == std::string::npos);
+    CHECK(page.find("https://") == std::string::npos);
+    CHECK(page.find("#token=") != std::string::npos);  // how it finds the token
+    for (const char* path : {"/history", "/history?since=0", "/run", "/status", "/metrics"}) {
+      CAPTURE(path);
+      CHECK_THROWS_WITH(outer::http_get(open.url(), path, 5), doctest::Contains("HTTP 401"));
+    }
+    outer::RunInfo info;
+    info.run = "r";
+    info.inner_steps = 50;
+    info.baseline = {{50, 3.1}, {100, 2.5}};
+    info.baseline_file = "runs/base/metrics/provider-0.jsonl";
+    open.set_run(info);
+    const auto run = nlohmann::json::parse(outer::http_get(open.url(), "/run", 5, token));
+    CHECK(run["inner_steps"] == 50);
+    CHECK(run["baseline"].size() == 2);
+    CHECK(run["baseline"][1]["eval_loss"] == doctest::Approx(2.5));
+    for (uint64_t r = 1; r <= 5; ++r) {
+      outer::RoundRecord rec;
+      rec.round = r;
+      rec.bytes_up = 100.0 * static_cast<double>(r);
+      rec.round_wall_s = 2;
+      rec.compute_s = 1.5;
+      if (r % 2 == 1) rec.eval_loss = 4.0 - static_cast<double>(r) / 10;
+      open.add_round(rec);
+    }
+    // A head resumed from round 3's checkpoint records round 4 again: it replaces 4 and 5.
+    outer::RoundRecord again;
+    again.round = 4;
+    again.bytes_up = 999;
+    open.add_round(again);
+    const auto all = nlohmann::json::parse(outer::http_get(open.url(), "/history", 5, token))["rounds"];
+    REQUIRE(all.size() == 4);
+    CHECK(all[3]["round"] == 4);
+    CHECK(all[3]["bytes_up"] == 999);
+    CHECK(all[0]["utilization"] == doctest::Approx(0.75));
+    CHECK(all[0]["eval_loss"] == doctest::Approx(3.9));
+    CHECK(all[1]["eval_loss"].is_null());
+    const auto later = nlohmann::json::parse(outer::http_get(open.url(), "/history?since=2", 5, token))["rounds"];
+    REQUIRE(later.size() == 2);
+    CHECK(later[0]["round"] == 3);
+    CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history?since=9", 5, token))["rounds"].empty());
+    CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history?since=x", 5, token))["rounds"].size() == 4);
+  }
+
+  TEST_CASE("read_baseline: the eval points of an xloco train run; a missing or malformed file is refused by name and line") {
+    test::ScratchDir dir("baseline");
+    const auto file = (dir.path / "provider-0.jsonl").string();
+    std::ofstream(file) << "{\"step\": 10, \"loss\": 3.0}\n{\"step\": 50, \"eval_loss\": 2.5}\n\n"
+                           "{\"step\": 100, \"eval_loss\": 2.1}\n";
+    const auto points = outer::read_baseline(file);
+    REQUIRE(points.size() == 2);
+    CHECK(points[1].step == 100);
+    CHECK(points[1].eval_loss == doctest::Approx(2.1));
+    CHECK_THROWS_WITH_AS(outer::read_baseline((dir.path / "none.jsonl").string()), doctest::Contains("none.jsonl"), common::IoError);
+    std::ofstream(dir.path / "bad.jsonl") << "{\"step\": 1, \"eval_loss\": 2}\nnot json\n";
+    CHECK_THROWS_WITH_AS(outer::read_baseline((dir.path / "bad.jsonl").string()), doctest::Contains("line 2"), common::IoError);
+    std::ofstream(dir.path / "steps.jsonl") << "{\"step\": 1, \"loss\": 2}\n";
+    CHECK_THROWS_WITH_AS(outer::read_baseline((dir.path / "steps.jsonl").string()), doctest::Contains("no eval_loss"), common::IoError);
+    std::ofstream(dir.path / "nostep.jsonl") << "{\"eval_loss\": 2}\n";
+    CHECK_THROWS_WITH_AS(outer::read_baseline((dir.path / "nostep.jsonl").string()), doctest::Contains("integer step"), common::IoError);
+  }
+
+  TEST_CASE("a provider's busy share: compute its contributions report over the time between its first and last; null before its second; clamped") {
+    outer::Members members;
+    auto& m = members["p"];
+    const auto t0 = outer::Clock::now();
+    CHECK_FALSE(outer::provider_statuses(members, t0)[0].busy.has_value());
+    m.first_contribution = m.last_contribution = t0;
+    CHECK_FALSE(outer::provider_statuses(members, t0)[0].busy.has_value());
+    m.last_contribution = t0 + std::chrono::seconds(20);
+    m.compute_since_first_s = 19;
+    CHECK(*outer::provider_statuses(members, t0)[0].busy == doctest::Approx(0.95));
+    m.compute_since_first_s = 400;  // a claim beyond the wall time
+    CHECK(*outer::provider_statuses(members, t0)[0].busy == 1.0);
+  }
 }
 
 TEST_SUITE("elastic") {
