@@ -178,7 +178,10 @@ class Browser:
         """The first truthy value of `expression`, or TimeoutError."""
         deadline = time.time() + timeout
         while True:
-            v = self.evaluate(expression)
+            try:
+                v = self.evaluate(expression)
+            except RuntimeError:  # e.g. no document.body yet while a navigation commits
+                v = None
             if v:
                 return v
             if time.time() > deadline:

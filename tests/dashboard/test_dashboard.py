@@ -127,8 +127,10 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
               f"bytes grow ({b1:.0f} -> {dom2['bytes']:.0f}) and the loss chart gains points ({p1} -> {dom2['points']}) without a reload")
 
         # Without the token: the same page, no addresses.
+        browser.navigate("about:blank")  # so that the wait below cannot see the last page
+        browser.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
         browser.navigate(f"{url}/")
-        browser.wait_for("Number(document.body.dataset.polls || 0) >= 1", timeout=30)
+        browser.wait_for("location.hash === '' && Number(document.body.dataset.polls || 0) >= 1", timeout=30)
         dom3 = browser.evaluate(DOM)
         check(len(dom3["rows"]) == 3, "without the token the page still shows the providers (loopback)")
         check(not dom3["addr_header"] and not any("127.0.0.1" in r["text"] for r in dom3["rows"]),
