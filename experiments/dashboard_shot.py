@@ -53,7 +53,12 @@ try:
         b.screenshot(a.out)
     print(f"screenshot of {url}/ at round {a.rounds}: {a.out}")
 finally:
-    if run.poll() is None:
+    try:
         os.killpg(run.pid, signal.SIGTERM)
+        run.wait(60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     log.close()

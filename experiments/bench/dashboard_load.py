@@ -87,13 +87,14 @@ def main():
             print(f"median {statistics.median(loads):.0f} ms, max {max(loads):.0f} ms over {len(loads)} "
                   f"loads | {cpu_model()}, {os.cpu_count()} cores")
         finally:
-            if run.poll() is None:
+            try:
                 os.killpg(run.pid, signal.SIGTERM)
-                try:
-                    run.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(run.pid, signal.SIGKILL)
-                    run.wait()
+                run.wait(60)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
             log.close()
 
 

@@ -55,8 +55,12 @@ Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Tr
     status->set_run(std::move(info));
     // A resumed run's curves start where it started, not at its checkpoint.
     if (done_rounds > 0) {
-      for (const auto& r : read_round_records((fs::path(opts.run_dir) / "metrics" / "head.jsonl").string())) {
-        if (r.round <= done_rounds) status->add_round(r);
+      try {
+        for (const auto& r : read_round_records((fs::path(opts.run_dir) / "metrics" / "head.jsonl").string())) {
+          if (r.round <= done_rounds) status->add_round(r);
+        }
+      } catch (const std::exception& e) {  // the curves are for humans: the run goes on
+        spdlog::warn("dashboard: the rounds before the resume are not shown ({})", e.what());
       }
     }
     publish_status("waiting");  // the run's name and position from the first request on

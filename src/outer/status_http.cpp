@@ -4,6 +4,7 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <thread>
 
@@ -83,6 +84,11 @@ struct StatusServer::Impl {
   HeadStatus status;
   std::string run_json = "{}";           // GET /run, serialised once
   std::vector<HistoryPoint> history;     // by round, ascending
+  // Changes whenever rounds already served are replaced (a resume from an older checkpoint) and
+  // differs between head processes, so that a page holding older rounds starts over.
+  uint64_t replaced = 0;
+  const std::string instance = std::to_string(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   std::string host, token;
   bool open_bind = false;  // bound beyond loopback: every request needs the token
   int connections = 0;     // the io thread only
@@ -139,6 +145,10 @@ struct StatusServer::Impl {
               "default-src 'none'; connect-src 'self'; img-src 'self' data:; "
               "style-src 'unsafe-inline'; script-src 'unsafe-inline'");
       res.body() = dashboard_page();
+    } else if (!open_bind && !authenticated && !loopback_host_header(req)) {
+      // A loopback port answers only requests addressed to loopback: a page from elsewhere
+      // whose name was rebound to 127.0.0.1 cannot read it (the token's holders may).
+      text(http::status::forbidden, "this status port serves loopback names only (Host: 127.0.0.1, localhost)\n");
     } else if (open_bind && !authenticated) {
       text(http::status::unauthorized,
            "send Authorization: Bearer TOKEN (the head's --http-token / XLOCO_HTTP_TOKEN)\n");
@@ -153,13 +163,15 @@ struct StatusServer::Impl {
         }
       }
       json rounds = json::array();
+      std::string epoch;
       {
         std::lock_guard<std::mutex> lock(mu);
         const auto from = std::upper_bound(history.begin(), history.end(), since,
                                            [](uint64_t r, const HistoryPoint& h) { return r < h.round; });
         for (auto it = from; it != history.end(); ++it) rounds.push_back(*it);
+        epoch = instance + "-" + std::to_string(replaced);
       }
-      json_body(json{{"rounds", std::move(rounds)}}.dump() + "\n");
+      json_body(json{{"epoch", epoch}, {"rounds", std::move(rounds)}}.dump() + "\n");
     } else if (target == "/run") {
       std::lock_guard<std::mutex> lock(mu);
       json_body(run_json);
@@ -187,6 +199,18 @@ struct StatusServer::Impl {
     }
     res.prepare_payload();
     return res;
+  }
+
+  static bool loopback_host_header(const http::request<http::empty_body>& req) {
+    const auto it = req.find(http::field::host);
+    if (it == req.end()) return true;  // HTTP/1.0 clients send none; browsers always do
+    std::string host(it->value());
+    if (!host.empty() && host.front() == '[') {
+      host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+    } else if (const auto colon = host.rfind(':'); colon != std::string::npos) {
+      host = host.substr(0, colon);
+    }
+    return is_loopback_host(host);
   }
 
   struct Session : std::enable_shared_from_this<Session> {
@@ -284,7 +308,10 @@ void StatusServer::add_round(const RoundRecord& record) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& h = impl_->history;
   // Rounds come in order; a head that resumed from an older checkpoint records some again.
-  while (!h.empty() && h.back().round >= point.round) h.pop_back();
+  while (!h.empty() && h.back().round >= point.round) {
+    h.pop_back();
+    ++impl_->replaced;
+  }
   h.push_back(std::move(point));
 }
 

@@ -161,6 +161,25 @@ struct IdleClients {
   }
 };
 
+// A raw GET with the given Host header; the reply's status line.
+std::string status_line_for_host(int port, const std::string& path, const std::string& host) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
+  REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  std::string reply;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return reply.substr(0, reply.find("\r\n"));
+}
+
 bool contributed(const json& round, const std::string& provider) {
   return round.contains("frames") && round["frames"].contains(provider);
 }
@@ -351,6 +370,19 @@ TEST_SUITE("elastic_rules") {
     CHECK(later[0]["round"] == 3);
     CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history?since=9", 5, token))["rounds"].empty());
     CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history?since=x", 5, token))["rounds"].size() == 4);
+    // A replaced round changes the history's epoch, so that a page holding the old ones starts over.
+    const auto epoch = nlohmann::json::parse(outer::http_get(open.url(), "/history", 5, token))["epoch"];
+    open.add_round(again);
+    CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history", 5, token))["epoch"] != epoch);
+    // On loopback, without the token, only requests addressed to a loopback name are answered
+    // (a page elsewhere whose DNS name was rebound to 127.0.0.1 cannot read the data).
+    outer::StatusServer local("127.0.0.1:0");
+    const int port = std::stoi(local.url().substr(local.url().rfind(':') + 1));
+    CHECK(status_line_for_host(port, "/status", "127.0.0.1:" + std::to_string(port)).find(" 200 ") != std::string::npos);
+    CHECK(status_line_for_host(port, "/history", "localhost:" + std::to_string(port)).find(" 200 ") != std::string::npos);
+    CHECK(status_line_for_host(port, "/history", "[::1]:" + std::to_string(port)).find(" 200 ") != std::string::npos);
+    CHECK(status_line_for_host(port, "/status", "rebound.example:" + std::to_string(port)).find(" 403 ") != std::string::npos);
+    CHECK(status_line_for_host(port, "/", "rebound.example").find(" 200 ") != std::string::npos);  // the page holds no data
   }
 
   TEST_CASE("read_baseline: the eval points of an xloco train run; a missing or malformed file is refused by name and line") {

@@ -106,9 +106,10 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
         check(dom["util_paths"] == 1, "the utilization chart is drawn")
         names = sorted(r["name"] for r in dom["rows"])
         check(names == ["provider-0", "provider-1", "provider-2"], f"one row per provider ({names})")
-        check(all(r["state"] in ("active", "joining") for r in dom["rows"]),
+        live = ("joining", "active", "straggling")  # a loaded machine may make one straggle
+        check(all(r["state"] in live for r in dom["rows"]),
               f"each row has its state ({[r['state'] for r in dom['rows']]})")
-        check(all("active" in r["text"] for r in dom["rows"]), "the state is shown in each row")
+        check(all(r["state"] in r["text"] for r in dom["rows"]), "the state is shown in each row")
         check(dom["addr_header"] and all("127.0.0.1" in r["text"] for r in dom["rows"]),
               "with the token in the fragment, the page shows the providers' addresses")
         check('"inner_steps": 10' in dom["config"], "the run's config is on the page")
@@ -146,16 +147,24 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
         except OSError:
             pass
     finally:
-        if browser:
-            browser.close()
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGTERM)
-            try:
-                run.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
-        log.close()
+        try:
+            if browser:
+                browser.close()
+        finally:
+            # The run's whole group, even when `xloco local` itself has exited (its head and
+            # providers may not have).
+            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(run.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    run.wait(wait)
+                    if sig == signal.SIGTERM:
+                        time.sleep(1)  # its children leave after it
+                except subprocess.TimeoutExpired:
+                    pass
+            log.close()
 
 print("all checks passed" if not failures else f"{len(failures)} checks failed")
 sys.exit(1 if failures else 0)
