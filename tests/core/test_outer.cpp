@@ -30,6 +30,7 @@
 #include "inner/dist.h"
 #include "inner/model.h"
 #include "outer/round.h"
+#include "outer/sync.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 
@@ -318,7 +319,7 @@ TEST_SUITE("outer") {
     }
     test::ScratchDir dir("arrival");
     // H = delay_steps = 16: a fold at step 16 would be the fallback (the update never seen
-    // early). The throttle makes a step ~10x slower, so that the update (tens of ms on
+    // early). The throttle makes a step ~30x slower, so that the update (tens of ms on
     // loopback) comes in a few steps into the next round.
     const std::vector<std::string> sets = {
         "run.dir=" + dir.str(), "run.name=arrival", "model.d_model=32", "model.n_layer=1",
@@ -328,7 +329,7 @@ TEST_SUITE("outer") {
         "outer.eval_every=0", "outer.overlap=delayed", "outer.delay_steps=16", "outer.fold=arrival"};
     std::string args = " --providers 1 --config " + cfg();
     for (const auto& kv : sets) args += " --set " + kv;
-    setenv("XLOCO_THROTTLE", "provider-0=10", 1);
+    setenv("XLOCO_THROTTLE", "provider-0=30", 1);
     auto l = run_xloco("local" + args);
     unsetenv("XLOCO_THROTTLE");
     INFO(l.out);
@@ -586,6 +587,27 @@ TEST_SUITE("pace") {
     CHECK(outer::fold_step(c) == 1);
     c.outer.delay_steps = 3;
     CHECK(outer::fold_step(c) == 3);
+  }
+
+  TEST_CASE("outer.topk_down: the downlink's values per block (0: outer.topk); checked against the block; not hashed when 0") {
+    common::Config c;
+    const std::string before = common::config_hash(c);
+    c.outer.codec_up = c.outer.codec_down = common::CodecKind::kTopk;
+    c.outer.block_size = 4096;
+    c.outer.topk = 64;
+    CHECK(outer::uplink_codec(c.outer).topk == 64);
+    CHECK(outer::downlink_codec(c.outer).topk == 64);
+    c.outer.topk_down = 256;
+    CHECK(outer::uplink_codec(c.outer).topk == 64);
+    CHECK(outer::downlink_codec(c.outer).topk == 256);
+    nlohmann::json j = common::to_json(common::Config{});
+    j["outer"]["topk_down"] = 0;
+    CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["topk_down"] = 16;
+    CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["codec_down"] = "topk";
+    j["outer"]["topk_down"] = 257;  // block_size 256
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.topk_down"), common::ConfigError);
   }
 
   TEST_CASE("fold_now: at delay_steps with outer.fold = step whenever the update came; as soon as it has with arrival") {
