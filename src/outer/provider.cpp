@@ -51,20 +51,35 @@ class Leader {
   Leader(const common::Config& cfg, const ProviderOptions& opts, std::unique_ptr<net::Transport> t)
       : cfg_(cfg), opts_(opts), link_(std::move(t), cfg), up_(uplink_codec(cfg.outer)) {}
 
-  // Sends HELLO and waits for WELCOME; returns the shard it was given and keeps the state frame.
-  inner::Shard join() {
+  // Sends HELLO with the hash of `theta_pub` (the model this provider built from the run's seed)
+  // and waits for WELCOME; returns the shard it was given. The head sends the full state only
+  // when that is not its θ_pub (membership.h sync_for): a provider joining a run at its start
+  // builds θ₀ itself and downloads nothing, and one joining a round after it gets that round's
+  // update (before the WELCOME) instead of the state.
+  inner::Shard join(torch::Tensor& theta_pub, const common::FlatLayout& layout) {
     state_.rejoining = true;  // waiting for a WELCOME: check_head_alive repeats the HELLO
-    hello("");
+    hello(hash_of(theta_pub));
     spdlog::info("provider {}: HELLO sent to {}", opts_.name, link_.endpoint());
+    bool updated = false;
     while (true) {
       XLOCO_ENFORCE(common::pending_signal() == 0, common::Error, "interrupted while joining");
       check_head_alive();
       auto env = link_.next(std::chrono::milliseconds(200));
       if (!env) continue;
+      if (auto* u = std::get_if<net::Update>(&env->body)) {
+        apply_update(dec_, u->payload.data(), u->payload.size(), cfg_.outer, theta_pub, layout);
+        bytes_down_ += static_cast<double>(u->payload.size());
+        updated = true;
+        continue;
+      }
       if (auto* w = std::get_if<net::Welcome>(&env->body)) {
-        XLOCO_ENFORCE(!w->state.empty(), common::Error,
-                      "the head's WELCOME to a fresh provider carries no state");
-        welcome_state_ = w->state;
+        if (!w->state.empty()) {
+          compress::decode(dec_, w->state.data(), w->state.size(), layout, theta_pub);
+          bytes_down_ += static_cast<double>(w->state.size());
+        } else {
+          spdlog::info("provider {}: the model it built from the run's seed{} is the head's: no "
+                       "state to download", opts_.name, updated ? ", with the last round's update," : "");
+        }
         state_ = {env->round, false, w->shard_index, w->shard_count};
         return {static_cast<int>(w->shard_index), static_cast<int>(w->shard_count)};
       }
@@ -73,11 +88,6 @@ class Leader {
                                         e->reason, net::to_string(e->code)));
       }
     }
-  }
-
-  void load_welcome(torch::Tensor& theta_pub, const common::FlatLayout& layout) {
-    compress::decode(dec_, welcome_state_.data(), welcome_state_.size(), layout, theta_pub);
-    welcome_state_ = {};
   }
 
   // Waits for the head's next instruction, applying updates and resynchronising on the way.
@@ -217,7 +227,6 @@ class Leader {
   Link link_;
   compress::Encoder up_;
   compress::Decoder dec_;
-  net::Frame welcome_state_;
   LeaderState state_;
   uint64_t tokens_ = 0;
   uint64_t contributed_ = 0;  // the last round it sent a contribution for
@@ -236,21 +245,26 @@ class ProviderRun {
       : cfg_(cfg), opts_(opts), group_(group), leader_(group.leader()),
         // Parsed before joining: a malformed value is an error before the head admits it.
         throttle_(throttle_factor(std::getenv("XLOCO_THROTTLE"), opts.name)) {
+    // The model first, from the run's seed as the head builds it: joining at the run's start
+    // it is θ_pub already, and the head need not send it.
+    trainer_ = std::make_unique<inner::InnerTrainer>(cfg, inner::make_model(cfg), group,
+                                                     inner::resolve_device(cfg.run.device));
+    theta_pub_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
     if (leader_) {
       lead_ = std::make_unique<Leader>(cfg, opts, std::move(transport));
-      const auto s = lead_->join();
+      {
+        torch::NoGradGuard guard;
+        theta_pub_.copy_(trainer_->params());
+      }
+      const auto s = lead_->join(theta_pub_, trainer_->layout());
       ctrl_[0] = s.index;
       ctrl_[1] = s.count;
     }
     group_.broadcast(ctrl_);
     shard_ = {static_cast<int>(ctrl_[0].item<int64_t>()), static_cast<int>(ctrl_[1].item<int64_t>())};
     data_ = inner::make_dataset(cfg, shard_);
-    trainer_ = std::make_unique<inner::InnerTrainer>(cfg, inner::make_model(cfg), group,
-                                                     inner::resolve_device(cfg.run.device));
     trainer_->set_rng_stream(static_cast<uint64_t>(shard_.index));
-    theta_pub_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
     if (leader_) {
-      lead_->load_welcome(theta_pub_, trainer_->layout());
       spdlog::info("provider {}: joined as shard {}/{} | {}", opts.name, shard_.index, shard_.count,
                    data_->describe());
       metrics_.open((fs::path(opts.run_dir) / "metrics" / ("provider-" + opts.name + ".jsonl")).string());

@@ -290,6 +290,46 @@ TEST_SUITE("inproc_run") {
     CHECK(run.verdicts.count("p1", 1, ContributionAction::kDrop) == 1);  // the copy
     for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
     for (const auto& [p, a] : run.verdicts.admissions) CHECK(a.shard == p[1] - '0');  // as asked
+    // Joining at the run's start, each built θ₀ from the seed itself: no state was sent.
+    for (const auto& [p, a] : run.verdicts.admissions) CHECK_MESSAGE(a.sync == outer::SyncAction::kNone, p);
+  }
+
+  TEST_CASE("a provider joining one round into the run gets that round's update instead of the state, and theta_pub agrees everywhere") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    // p0 and p1 are 20x slower (the test device), so that round 2 is still running when p2's
+    // HELLO comes: the head is then one round past θ₀, which p2 holds.
+    setenv("XLOCO_THROTTLE", "p0=20,p1=20", 1);
+    struct Unset {
+      ~Unset() { unsetenv("XLOCO_THROTTLE"); }
+    } unset;
+    ThreadedRun run("thr-join-update", 3);
+    run.cfg.outer.min_providers = 2;
+    run.cfg.outer.start_grace_s = 0;
+    auto head = run.head();
+    bool started = false;
+    run.on_round = [&](const outer::RoundRecord& r) {
+      if (r.round == 1 && !started) {
+        started = true;
+        run.provider("p2", 2);
+      }
+    };
+    run.provider("p0", 0);
+    run.provider("p1", 1);
+    CHECK(run.run_head(*head) == 0);
+    run.join();
+    CHECK(run.provider_errors.empty());
+    std::lock_guard<std::mutex> lock(run.verdicts.mu);
+    for (const auto& [p, a] : run.verdicts.admissions) {
+      CAPTURE(p);
+      CHECK(a.sync == (p == "p2" ? outer::SyncAction::kUpdate : outer::SyncAction::kNone));
+    }
+    CHECK(run.verdicts.rounds.back().participants == 3);
+    for (const std::string p : {"p0", "p1", "p2"}) {
+      CHECK_MESSAGE(run.provider_hash(p) == head->summary().theta_pub_hash, p);
+    }
   }
 
   TEST_CASE("a provider cut in round 3 is declared dead; the rounds after close with the others") {
