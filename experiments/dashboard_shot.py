@@ -10,8 +10,6 @@ dashboard in headless Chromium (tests/dashboard/cdp.py) once the head has record
 rounds, saves the screenshot, and stops the run (its own process group only)."""
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
-from cdp import Browser  # noqa: E402
+from cdp import Browser, stop_group, wait_for_status_url  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("xloco")
@@ -38,11 +36,7 @@ if url_file.exists():
 log = open(ROOT / "runs" / f"{name}.log", "wb")
 run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 try:
-    while not url_file.exists() or not url_file.read_text().strip():
-        if run.poll() is not None:
-            sys.exit("the run ended before its head wrote status.url")
-        time.sleep(0.2)
-    url = url_file.read_text().strip()
+    url = wait_for_status_url(url_file, run)
     while len(json.load(urllib.request.urlopen(url + "/history", timeout=5))["rounds"]) < a.rounds:
         if run.poll() is not None:
             sys.exit("the run ended early")
@@ -53,12 +47,5 @@ try:
         b.screenshot(a.out)
     print(f"screenshot of {url}/ at round {a.rounds}: {a.out}")
 finally:
-    try:
-        os.killpg(run.pid, signal.SIGTERM)
-        run.wait(60)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
+    stop_group(run, 60)
     log.close()

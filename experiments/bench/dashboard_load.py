@@ -14,7 +14,6 @@ each load, the median and the machine (lscpu's model name)."""
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
-from cdp import Browser  # noqa: E402
+from cdp import Browser, stop_group, wait_for_status_url  # noqa: E402
 
 
 def cpu_model():
@@ -56,12 +55,7 @@ def main():
         log = open(Path(tmp) / "local.log", "wb")
         run = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            url_file = Path(tmp) / "load" / "status.url"
-            while not url_file.exists() or not url_file.read_text().strip():
-                if run.poll() is not None:
-                    raise RuntimeError("the run ended before its head wrote status.url")
-                time.sleep(0.2)
-            url = url_file.read_text().strip()
+            url = wait_for_status_url(Path(tmp) / "load" / "status.url", run)
             t0 = time.time()
             while True:
                 n = len(json.load(urllib.request.urlopen(url + "/history", timeout=5))["rounds"])
@@ -87,14 +81,7 @@ def main():
             print(f"median {statistics.median(loads):.0f} ms, max {max(loads):.0f} ms over {len(loads)} "
                   f"loads | {cpu_model()}, {os.cpu_count()} cores")
         finally:
-            try:
-                os.killpg(run.pid, signal.SIGTERM)
-                run.wait(60)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
+            stop_group(run, 60)
             log.close()
 
 

@@ -140,7 +140,13 @@ class Cnn : public Net {
 
 }  // namespace
 
+std::mutex& rng_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 std::shared_ptr<Net> make_model(const common::Config& config) {
+  std::lock_guard<std::mutex> rng(rng_mutex());
   torch::manual_seed(config.run.seed);
   if (config.model.kind == common::ModelKind::kTorchScript) {
     return load_script_model(config);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,17 @@ class Net : public torch::nn::Module {
   torch::Device device();
 };
 
-// Builds and initialises the model of `config.model` (init seeded from run.seed).
+// Builds and initialises the model of `config.model` (init seeded from run.seed), holding
+// rng_mutex(): θ₀ is the same in every process and on every thread.
 std::shared_ptr<Net> make_model(const common::Config& config);
+
+// LibTorch's default generator is one per process. xloco seeds it and draws from it when it
+// builds a model and in a step's or an evaluation batch's forward; where several of those run
+// on threads of one process (in-process tests, a head beside its providers), each holds this
+// lock from its seed to its last draw, so that it draws what it would in a process of its own
+// (a provider's θ₀ must hash as the head's). Uncontended in a process with one trainer; never
+// held across a collective.
+std::mutex& rng_mutex();
 
 // Trained parameters of the model (tied ones once).
 int64_t count_parameters(Net& model);

@@ -126,11 +126,15 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
   const Batch b = data.train_batch(step, group_.rank(), group_.world());
   // Models that draw random numbers in forward (a diffusion model's noise and timesteps) draw
   // the same ones on a resumed run: the generator is a function of (seed, stream, step, rank).
-  torch::manual_seed(mix_seed(config_.run.seed, rng_stream_, static_cast<uint64_t>(step),
-                              static_cast<uint64_t>(group_.rank())));
   grads_.zero_();
-  auto loss = model_->loss(b.x.to(device_), b.y.to(device_));
-  loss.backward();
+  torch::Tensor loss;
+  {
+    std::lock_guard<std::mutex> rng(rng_mutex());  // from the seed to the backward pass
+    torch::manual_seed(mix_seed(config_.run.seed, rng_stream_, static_cast<uint64_t>(step),
+                                static_cast<uint64_t>(group_.rank())));
+    loss = model_->loss(b.x.to(device_), b.y.to(device_));
+    loss.backward();
+  }
   {
     torch::NoGradGuard guard;
     // The loss and the stop request ride in the gradient buffer's last slots: one allreduce per
@@ -193,10 +197,13 @@ EvalStats InnerTrainer::evaluate(const Dataset& data, const std::function<void()
     if (!model_->has_logits()) {
       // The model's own loss, weighted by the batch's tokens (or samples). Its random draws are
       // fixed per batch, so every evaluation of every run scores the same noise.
-      torch::manual_seed(mix_seed(config_.run.seed, 0x45564c, static_cast<uint64_t>(index++),
-                                  static_cast<uint64_t>(group_.rank())));
       const auto n = static_cast<double>(b.tokens);
-      sum += model_->loss(x, y).item<double>() * n;
+      {
+        std::lock_guard<std::mutex> rng(rng_mutex());
+        torch::manual_seed(mix_seed(config_.run.seed, 0x45564c, static_cast<uint64_t>(index++),
+                                    static_cast<uint64_t>(group_.rank())));
+        sum += model_->loss(x, y).item<double>() * n;
+      }
       count += n;
       if (between_batches) between_batches();
       continue;

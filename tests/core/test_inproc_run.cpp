@@ -144,6 +144,22 @@ struct ThreadedRun {
     return std::make_unique<outer::Head>(cfg, o, network->listen());
   }
 
+  // p0 and p1 from the start, p2 once round `after` is recorded (set outer.min_providers to 2
+  // before head()); runs the head to its end and joins every provider. The head's exit code.
+  int run_with_joiner(outer::Head& head, uint64_t after) {
+    on_round = [this, after, started = false](const outer::RoundRecord& r) mutable {
+      if (r.round == after && !started) {
+        started = true;
+        provider("p2", 2);
+      }
+    };
+    provider("p0", 0);
+    provider("p1", 1);
+    const int rc = run_head(head);
+    join();
+    return rc;
+  }
+
   void provider(const std::string& name, int shard) {
     threads.emplace_back([this, name, shard] {
       try {
@@ -309,17 +325,7 @@ TEST_SUITE("inproc_run") {
     run.cfg.outer.min_providers = 2;
     run.cfg.outer.start_grace_s = 0;
     auto head = run.head();
-    bool started = false;
-    run.on_round = [&](const outer::RoundRecord& r) {
-      if (r.round == 1 && !started) {
-        started = true;
-        run.provider("p2", 2);
-      }
-    };
-    run.provider("p0", 0);
-    run.provider("p1", 1);
-    CHECK(run.run_head(*head) == 0);
-    run.join();
+    CHECK(run.run_with_joiner(*head, 1) == 0);
     CHECK(run.provider_errors.empty());
     std::lock_guard<std::mutex> lock(run.verdicts.mu);
     for (const auto& [p, a] : run.verdicts.admissions) {
@@ -416,17 +422,7 @@ TEST_SUITE("inproc_run") {
     run.cfg.outer.min_providers = 2;
     run.cfg.outer.start_grace_s = 0;  // round 1 starts with the two there
     auto head = run.head();
-    bool started = false;
-    run.on_round = [&](const outer::RoundRecord& r) {
-      if (r.round == 2 && !started) {
-        started = true;
-        run.provider("p2", 2);
-      }
-    };
-    run.provider("p0", 0);
-    run.provider("p1", 1);
-    CHECK(run.run_head(*head) == 0);
-    run.join();
+    CHECK(run.run_with_joiner(*head, 2) == 0);
     CHECK(run.provider_errors.empty());
     std::lock_guard<std::mutex> lock(run.verdicts.mu);
     REQUIRE(run.verdicts.rounds.size() == 6);

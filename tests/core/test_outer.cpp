@@ -396,6 +396,15 @@ TEST_SUITE("outer") {
     const auto summary = outer::read_document<outer::RunSummary>((dir.path / "q/summary.json").string());
     CHECK(summary.bytes_vs_fp32_dp < 0.1);
     CHECK(l.out.find("final eval loss") != std::string::npos);
+    // Both joined at the run's start with the θ₀ they built from the seed: no state was sent.
+    const auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (auto at = l.out.find(what); at != std::string::npos; at = l.out.find(what, at + 1)) ++n;
+      return n;
+    };
+    CHECK(count("joined at round 0 (already current)") == 2);
+    CHECK(count("no state to download") == 2);
+    CHECK(count("(full state)") == 0);
   }
 
   TEST_CASE("reproducible: two xloco local runs with the providers started in different orders end with the same theta_pub and eval loss") {

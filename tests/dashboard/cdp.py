@@ -28,6 +28,40 @@ def find_chromium():
     return None
 
 
+def wait_for_status_url(url_file, run, timeout=120):
+    """The head's status URL once it has written `url_file` (runs/NAME/status.url); raises when
+    `run` (the `xloco local` process) ends first or `timeout` passes."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            url = open(url_file).read().strip()
+        except OSError:
+            url = ""
+        if url:
+            return url
+        if run.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"the head never wrote {url_file}")
+        time.sleep(0.2)
+
+
+def stop_group(proc, grace=30):
+    """SIGTERM to the process group `proc` leads (started with start_new_session=True), then
+    SIGKILL to whatever of it is left after `grace` seconds; reaps `proc`. Only that group is
+    ever signalled, and it is signalled even when `proc` itself has already exited."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(grace if sig == signal.SIGTERM else None)
+            if sig == signal.SIGTERM:
+                time.sleep(1)  # its children leave after it
+        except subprocess.TimeoutExpired:
+            pass
+    proc.wait()
+
+
 class WebSocket:
     def __init__(self, url, timeout=30):
         assert url.startswith("ws://"), url

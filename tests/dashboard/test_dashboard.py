@@ -12,18 +12,16 @@ the page shows no address. The screenshot goes to ARTIFACTS/dashboard.png (argv[
 missing. Signals only its own process groups (the run's and the browser's), always reaped."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from cdp import Browser, find_chromium  # noqa: E402
+from cdp import Browser, find_chromium, stop_group, wait_for_status_url  # noqa: E402
 from cli_checks import SRC, XLOCO, check, failures  # noqa: E402
 
 if not find_chromium():
@@ -78,13 +76,7 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
     run = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     browser = None
     try:
-        url_file = Path(tmp) / "dash" / "status.url"
-        deadline = time.time() + 120
-        while not url_file.exists() or not url_file.read_text().strip():
-            if run.poll() is not None or time.time() > deadline:
-                raise RuntimeError("the head never wrote status.url")
-            time.sleep(0.2)
-        url = url_file.read_text().strip()
+        url = wait_for_status_url(Path(tmp) / "dash" / "status.url", run)
         print(f"dashboard at {url}/")
         browser = Browser(width=1360, height=1100)
         browser.navigate(f"{url}/#token={TOKEN}")
@@ -153,17 +145,7 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
         finally:
             # The run's whole group, even when `xloco local` itself has exited (its head and
             # providers may not have).
-            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(run.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    run.wait(wait)
-                    if sig == signal.SIGTERM:
-                        time.sleep(1)  # its children leave after it
-                except subprocess.TimeoutExpired:
-                    pass
+            stop_group(run, 30)
             log.close()
 
 print("all checks passed" if not failures else f"{len(failures)} checks failed")
