@@ -56,7 +56,7 @@ Head::Impl::Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Tr
     // A resumed run's curves start where it started, not at its checkpoint.
     if (done_rounds > 0) {
       try {
-        for (const auto& r : read_round_records((fs::path(opts.run_dir) / "metrics" / "head.jsonl").string())) {
+        for (const auto& r : read_round_records(ledger.metrics_path())) {
           if (r.round <= done_rounds) status->add_round(r);
         }
       } catch (const std::exception& e) {  // the curves are for humans: the run goes on

@@ -66,6 +66,7 @@ class RunLedger {
   // Counters and member shards and tokens from a checkpoint.
   void restore(const HeadCheckpointState& state, Members& members);
   uint64_t resumed_from() const { return resumed_from_; }
+  const std::string& metrics_path() const { return metrics_path_; }  // RUN_DIR/metrics/head.jsonl
 
   // Writes summary.json (to `path`) and logs the end of the run.
   const RunSummary& finish(uint64_t done_rounds, const std::string& pub_hash, double param_bytes,

@@ -67,15 +67,13 @@ class Leader {
       auto env = link_.next(std::chrono::milliseconds(200));
       if (!env) continue;
       if (auto* u = std::get_if<net::Update>(&env->body)) {
-        apply_update(dec_, u->payload.data(), u->payload.size(), cfg_.outer, theta_pub, layout);
-        bytes_down_ += static_cast<double>(u->payload.size());
+        take_update(u->payload, theta_pub, layout);
         updated = true;
         continue;
       }
       if (auto* w = std::get_if<net::Welcome>(&env->body)) {
         if (!w->state.empty()) {
-          compress::decode(dec_, w->state.data(), w->state.size(), layout, theta_pub);
-          bytes_down_ += static_cast<double>(w->state.size());
+          take_state(w->state, theta_pub, layout);
         } else {
           spdlog::info("provider {}: the model it built from the run's seed{} is the head's: no "
                        "state to download", opts_.name, updated ? ", with the last round's update," : "");
@@ -114,13 +112,10 @@ class Leader {
       const LeaderVerdict v = on_head_message(state_, *env);
       switch (v.action) {
         case LeaderAction::kRunRound: return env->round;
-        case LeaderAction::kApplyUpdate: {
-          const auto& u = std::get<net::Update>(env->body).payload;
-          apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, layout);
-          bytes_down_ += static_cast<double>(u.size());
+        case LeaderAction::kApplyUpdate:
+          take_update(std::get<net::Update>(env->body).payload, theta_pub, layout);
           state_.done_round = env->round;
           break;
-        }
         case LeaderAction::kResync: resync(theta_pub, v.reason); break;
         case LeaderAction::kRejoined: rejoined(*env, theta_pub, layout, v.reason); break;
         case LeaderAction::kRepeatHello: repeat_hello(5.0); break;
@@ -177,12 +172,21 @@ class Leader {
     hello(hash_of(theta_pub));
   }
 
+  // θ_pub from the head: an update applied to it, or a full state in its place; both counted.
+  void take_update(const net::Frame& u, torch::Tensor& theta_pub, const common::FlatLayout& layout) {
+    apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, layout);
+    bytes_down_ += static_cast<double>(u.size());
+  }
+  void take_state(const net::Frame& state, torch::Tensor& theta_pub, const common::FlatLayout& layout) {
+    compress::decode(dec_, state.data(), state.size(), layout, theta_pub);
+    bytes_down_ += static_cast<double>(state.size());
+  }
+
   void rejoined(const net::Envelope& env, torch::Tensor& theta_pub,
                 const common::FlatLayout& layout, const std::string& why) {
     const auto& w = std::get<net::Welcome>(env.body);
     if (!w.state.empty()) {
-      bytes_down_ += static_cast<double>(w.state.size());
-      compress::decode(dec_, w.state.data(), w.state.size(), layout, theta_pub);
+      take_state(w.state, theta_pub, layout);
       // Design §2 starts a fresh AdamW state on a full state; the inner state it holds is kept
       // when it continues the run by the rule a restarted provider's saved state follows (a
       // head that went back a round or two to its checkpoint), so that a head restart does not
@@ -340,7 +344,7 @@ class ProviderRun {
       // and more_steps broadcasts its verdict (a broadcast per step only when budgeted).
       double elapsed = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
       if (!more_steps(r, done, elapsed, step_s)) break;
-      if (!folded && fold_now(done, cfg_.outer.fold == "arrival" && update_arrived(), cfg_).fold) {
+      if (!folded && fold_now(done, arrival_ && update_arrived(), cfg_).fold) {
         const auto end = fold_update(r, waited_s);
         if (end.what != RoundEnd::kTrained) return end;
         folded = true;
@@ -668,6 +672,7 @@ class ProviderRun {
   common::JsonlWriter metrics_;
   bool save_state_ = true;
   const bool delayed_ = cfg_.outer.overlap == "delayed";
+  const bool arrival_ = cfg_.outer.fold == "arrival";  // polls for the update at each step
   torch::Tensor base_;  // the leader's: what a delayed round's progress is measured from
   uint64_t tokens_ = 0;
   int64_t steps_done_ = 0, last_step_ = 0;

@@ -127,6 +127,10 @@ struct StatusServer::Impl {
       if (value.rfind("Bearer ", 0) == 0) presented = value.substr(7);
     }
     const bool authenticated = !token.empty() && equal_secret(presented, token);
+    const auto snapshot = [this] {
+      std::lock_guard<std::mutex> lock(mu);
+      return status;
+    };
     const auto json_body = [&](std::string body) {
       res.result(http::status::ok);
       res.set(http::field::content_type, "application/json");
@@ -176,24 +180,15 @@ struct StatusServer::Impl {
       std::lock_guard<std::mutex> lock(mu);
       json_body(run_json);
     } else if (target == "/status") {
-      HeadStatus snapshot;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        snapshot = status;
-      }
+      HeadStatus now = snapshot();
       if (!authenticated) {
-        for (auto& p : snapshot.providers) p.address.clear();  // addresses for the token's holders
+        for (auto& p : now.providers) p.address.clear();  // addresses for the token's holders
       }
-      json_body(json(snapshot).dump(2) + "\n");
+      json_body(json(now).dump(2) + "\n");
     } else if (target == "/metrics") {
-      HeadStatus snapshot;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        snapshot = status;
-      }
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      res.body() = prometheus_text(snapshot);
+      res.body() = prometheus_text(snapshot());
     } else {
       text(http::status::not_found, "not found: try /, /status, /history, /run or /metrics\n");
     }
@@ -204,11 +199,11 @@ struct StatusServer::Impl {
   static bool loopback_host_header(const http::request<http::empty_body>& req) {
     const auto it = req.find(http::field::host);
     if (it == req.end()) return true;  // HTTP/1.0 clients send none; browsers always do
-    std::string host(it->value());
+    std::string host(it->value());  // HOST[:PORT], HOST an IPv6 address in brackets
     if (!host.empty() && host.front() == '[') {
-      host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+      host = host.substr(1, host.find(']') - 1);  // npos − 1: the rest, for a malformed one
     } else if (const auto colon = host.rfind(':'); colon != std::string::npos) {
-      host = host.substr(0, colon);
+      host.resize(colon);
     }
     return is_loopback_host(host);
   }

@@ -140,19 +140,25 @@ struct Cluster {
 
 // TCP clients connected to 127.0.0.1:PORT that never send a byte; closed at scope exit
 // (a failed assertion included) or by close().
+// A TCP connection to 127.0.0.1:port; the socket.
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    FAIL("cannot connect to 127.0.0.1:" << port);
+  }
+  return fd;
+}
+
 struct IdleClients {
   std::vector<int> fds;
   IdleClients(int port, int n) {
-    for (int i = 0; i < n; ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      REQUIRE(fd >= 0);
-      fds.push_back(fd);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(static_cast<uint16_t>(port));
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    }
+    for (int i = 0; i < n; ++i) fds.push_back(connect_loopback(port));
   }
   ~IdleClients() { close(); }
   void close() {
@@ -163,13 +169,7 @@ struct IdleClients {
 
 // A raw GET with the given Host header; the reply's status line.
 std::string status_line_for_host(int port, const std::string& path, const std::string& host) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int fd = connect_loopback(port);
   const std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
   REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
   std::string reply;
