@@ -7,6 +7,10 @@
 #include <functional>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 
 // Hot loops get an AVX2 clone picked at load time; the portable SSE2 one stays the default.
@@ -341,48 +345,123 @@ inline uint32_t topk_code(float v, float inv) {
   return big | (std::signbit(v) ? 2u : 0u);
 }
 
-// The block's top-k positions by (|w| descending, position ascending), sorted ascending, into
-// `pos`. Selection by the exponent byte of |w| first (a histogram), then an nth_element over
-// the one exponent bucket that straddles the k-th value: two passes over the block.
-void select_topk(const float* w, uint32_t len, uint32_t k, uint16_t* pos) {
-  // Four histograms, so that runs of values in one bucket do not wait on each other's
-  // increments (store-to-load forwarding); summed after.
-  uint32_t hist[4][256] = {};
+// The bits of |v| as a signed integer: for non-negative floats the integer order is the float
+// order, and they fit in 31 bits (SSE2 compares signed integers only).
+inline int32_t abs_key(float v) { return static_cast<int32_t>(bits_of(v) & kAbsMask); }
+
+// Appends (position, key) for every i in [0, len) with key ≥ t, in position order; returns the
+// count. `pos` and `key` need room for len entries.
+uint32_t gather_at_least(const float* w, uint32_t len, int32_t t, uint16_t* pos, int32_t* key) {
+  uint32_t c = 0;
   uint32_t i = 0;
-  for (; i + 4 <= len; i += 4) {
-    ++hist[0][(bits_of(w[i]) & kAbsMask) >> 23];
-    ++hist[1][(bits_of(w[i + 1]) & kAbsMask) >> 23];
-    ++hist[2][(bits_of(w[i + 2]) & kAbsMask) >> 23];
-    ++hist[3][(bits_of(w[i + 3]) & kAbsMask) >> 23];
+#if defined(__SSE2__)
+  // 16 keys per test, one mask; most chunks hold none of the few hundred keys ≥ t.
+  const __m128i abs_mask = _mm_set1_epi32(static_cast<int32_t>(kAbsMask));
+  const __m128i below = _mm_set1_epi32(t - 1);  // key ≥ t ⇔ key > t − 1 (t ≥ 0)
+  for (; i + 16 <= len; i += 16) {
+    const auto* p = reinterpret_cast<const __m128i*>(w + i);
+    const __m128i a = _mm_and_si128(_mm_loadu_si128(p), abs_mask);
+    const __m128i b = _mm_and_si128(_mm_loadu_si128(p + 1), abs_mask);
+    const __m128i d = _mm_and_si128(_mm_loadu_si128(p + 2), abs_mask);
+    const __m128i e = _mm_and_si128(_mm_loadu_si128(p + 3), abs_mask);
+    auto m = static_cast<uint32_t>(
+        _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(a, below))) |
+        _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(b, below))) << 4 |
+        _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(d, below))) << 8 |
+        _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(e, below))) << 12);
+    while (m != 0) {
+      const uint32_t j = i + static_cast<uint32_t>(__builtin_ctz(m));
+      pos[c] = static_cast<uint16_t>(j);
+      key[c++] = abs_key(w[j]);
+      m &= m - 1;
+    }
   }
-  for (; i < len; ++i) ++hist[0][(bits_of(w[i]) & kAbsMask) >> 23];
-  uint32_t above = 0;
-  uint32_t boundary = 255;
-  for (; boundary > 0; --boundary) {
-    const uint32_t h = hist[0][boundary] + hist[1][boundary] + hist[2][boundary] + hist[3][boundary];
-    if (above + h >= k) break;
-    above += h;
+#endif
+  for (; i < len; ++i) {
+    if (abs_key(w[i]) >= t) {
+      pos[c] = static_cast<uint16_t>(i);
+      key[c++] = abs_key(w[i]);
+    }
   }
-  const uint32_t need = k - above;
-  // Branch-free gather: every element is written, the counts advance only for the kept ones.
-  // (above ≤ k − 1, so pos[n] stays inside its k entries.)
-  thread_local std::vector<uint64_t> candidates;  // (|w| bits) << 32 | ~position: max = wanted
-  if (candidates.size() < len) candidates.resize(len);
-  uint64_t* cand = candidates.data();
-  uint32_t n = 0, c = 0;
-  for (i = 0; i < len; ++i) {
-    const uint32_t key = bits_of(w[i]) & kAbsMask;
-    const uint32_t bucket = key >> 23;
-    pos[n] = static_cast<uint16_t>(i);
-    n += bucket > boundary ? 1u : 0u;
-    cand[c] = uint64_t{key} << 32 | (0xffffffffu - i);
-    c += bucket == boundary ? 1u : 0u;
+  return c;
+}
+
+// The r-th largest key (1-based) of w[0], w[stride], w[2·stride], …, or 0 when there are
+// fewer than r. The r largest are kept sorted in a small array: with r ≪ the sample, few keys
+// enter it, and each of the others costs one predictable compare.
+int32_t sample_rank(const float* w, uint32_t len, uint32_t stride, uint32_t r) {
+  if (r > 128 || static_cast<uint64_t>(r - 1) * stride >= len) return 0;
+  int32_t top[128];  // descending; top[r - 1] the smallest kept
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < len; i += stride) {
+    const int32_t key = abs_key(w[i]);
+    if (n == r && key <= top[r - 1]) continue;
+    uint32_t j = n < r ? n++ : r - 1;
+    for (; j > 0 && top[j - 1] < key; --j) top[j] = top[j - 1];
+    top[j] = key;
   }
-  if (c > need) std::nth_element(cand, cand + need, cand + c, std::greater<>());
-  for (uint32_t j = 0; j < need; ++j) {
-    pos[n++] = static_cast<uint16_t>(0xffffffffu - static_cast<uint32_t>(cand[j]));
+  return n == r ? top[r - 1] : 0;
+}
+
+// The k-th largest (1 ≤ k ≤ c) of c non-negative keys, by radix: the bits are fixed from the
+// top, 8 at a time (7 for the last digit), each from a histogram of the keys that match the
+// bits fixed so far. Four passes over the keys, with no data-dependent branch.
+int32_t kth_largest(const int32_t* key, uint32_t c, uint32_t k) {
+  uint32_t prefix = 0;  // the bits fixed so far, in place
+  uint32_t need = k;    // rank of the wanted key among those matching the prefix
+  for (const int shift : {23, 15, 7, 0}) {
+    const uint32_t width = shift == 0 ? 7 : 8;
+    const uint32_t above = shift + width;  // bits at and above it are fixed
+    uint32_t hist[256] = {};
+    for (uint32_t j = 0; j < c; ++j) {
+      const auto u = static_cast<uint32_t>(key[j]);
+      const bool match = above >= 31 || (u >> above) == (prefix >> above);
+      hist[(u >> shift) & ((1u << width) - 1)] += match ? 1u : 0u;
+    }
+    uint32_t d = (1u << width) - 1;
+    for (; d > 0 && hist[d] < need; --d) need -= hist[d];
+    prefix |= d << shift;
   }
-  std::sort(pos, pos + n);
+  return static_cast<int32_t>(prefix);
+}
+
+// The block's top-k positions by (|w| descending, position ascending), sorted ascending, into
+// `pos`. A threshold t comes from a strided sample of the block: its r-th largest key, r chosen
+// so that about 3k keys lie at or above it. One pass gathers every key ≥ t; if fewer than k
+// did (a sample that missed the large values), t drops to a lower sample rank, at last to 0
+// (every key). Once at least k keys ≥ t are gathered, the k-th largest key T is ≥ t, so the
+// top k are all among them: those above T, then the first ones equal to T, taken in position
+// order. The result depends on the block alone (exact, the same on every machine); the sample
+// only decides how much work it is.
+void select_topk(const float* w, uint32_t len, uint32_t k, uint16_t* pos) {
+  if (k == 0) return;
+  thread_local std::vector<uint16_t> cand_pos;
+  thread_local std::vector<int32_t> cand_key;
+  if (cand_pos.size() < len) {
+    cand_pos.resize(len);
+    cand_key.resize(len);
+  }
+  const uint32_t stride = std::max<uint32_t>(1, len / 128);
+  // Rank r (1-based) in the sample: about 3k of the block's keys are expected at or above it.
+  uint32_t r = std::max<uint32_t>(1, (3 * k) / stride);
+  uint32_t c = 0;
+  for (;;) {
+    const int32_t t = sample_rank(w, len, stride, r);
+    c = gather_at_least(w, len, t, cand_pos.data(), cand_key.data());
+    if (c >= k || t == 0) break;
+    r *= 4;  // a sample that missed the tail: lower t, at last to 0
+  }
+  const int32_t kth = kth_largest(cand_key.data(), c, k);
+  uint32_t ties = k;  // how many keys equal to kth to take: k minus those above it
+  for (uint32_t j = 0; j < c; ++j) ties -= cand_key[j] > kth ? 1u : 0u;
+  uint32_t n = 0;
+  for (uint32_t j = 0; j < c && n < k; ++j) {
+    const int32_t key = cand_key[j];
+    const bool take = key > kth || (key == kth && ties > 0);
+    ties -= key == kth && ties > 0 ? 1u : 0u;
+    pos[n] = cand_pos[j];
+    n += take ? 1u : 0u;
+  }
 }
 
 // The scale s of the levels ±s, ±2s for the chosen values: least squares over their
@@ -497,11 +576,12 @@ std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint
 
 void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk,
                  float* out, bool add) {
-  if (!add) std::fill(out, out + n, 0.0f);
+  // Block by block, zeroing each just before its values land, so they land in cache.
   for_each_topk_block(payload, n, block_size, topk,
-                      [&](uint64_t start, uint32_t, uint32_t k, uint64_t, float scale,
+                      [&](uint64_t start, uint32_t len, uint32_t k, uint64_t, float scale,
                           const WireU16* positions, const uint8_t* codes) {
                         float* o = out + start;
+                        if (!add) std::fill(o, o + len, 0.0f);
                         for (uint32_t j = 0; j < k; ++j) {
                           const uint16_t p = positions[j].v;
                           o[p] = o[p] + topk_value(topk_code_at(codes, j), scale);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "common/error.h"
 #include "compress/decoder.h"
@@ -123,6 +124,50 @@ TEST_SUITE("topk") {
     TensorSet out = in.like(0.0f);
     REQUIRE_NOTHROW(Decoder().decode(frame, out.targets()));
     CHECK(out.data[0][3] == std::ldexp(1.0f, 121));
+  }
+
+  TEST_CASE("the selection is exact whatever its sample sees (fallback, ties, zeros, a low threshold)") {
+    // The encoder guesses a threshold from every (block / 128)-th value and falls back to lower
+    // ones when fewer than k values reach it. Blocks built against that guess: the positions
+    // sent, read from the raw frame, are the brute-force top k (ties to the lower position).
+    constexpr uint32_t kBlock = 4096, kK = 64;
+    const auto sign = [](uint32_t i) { return i % 3 == 0 ? -1.0f : 1.0f; };
+    std::vector<std::pair<std::string, std::vector<float>>> blocks;
+    {  // the sampled positions hold the 128 largest: the first two guesses gather < k
+      std::vector<float> x(kBlock);
+      for (uint32_t i = 0; i < kBlock; ++i) x[i] = sign(i) * (i % 32 == 0 ? 1000.0f + i : 1.0f + i % 7);
+      blocks.emplace_back("sampled values largest", x);
+    }
+    {  // the sampled positions hold the smallest: the guess gathers the whole block
+      std::vector<float> x(kBlock);
+      for (uint32_t i = 0; i < kBlock; ++i) x[i] = sign(i) * (i % 32 == 0 ? 1e-3f : 1.0f + (i * 7919u) % 4096u);
+      blocks.emplace_back("sampled values smallest", x);
+    }
+    blocks.emplace_back("all equal", std::vector<float>(kBlock, -2.5f));
+    blocks.emplace_back("all zero", std::vector<float>(kBlock, 0.0f));
+    {  // 30 at 10, 100 at 5 (the k-th value is a tie), the rest at 1
+      std::vector<float> x(kBlock, 1.0f);
+      for (uint32_t j = 0; j < 30; ++j) x[(j * 131u + 7u) % kBlock] = sign(j) * 10.0f;
+      for (uint32_t j = 0; j < 100; ++j) x[(j * 37u + 1000u) % kBlock] = sign(j) * 5.0f;
+      blocks.emplace_back("ties at the k-th value", x);
+    }
+    {  // a few huge values and a plain heavy-tailed rest
+      auto x = heavy_tailed(kBlock, 77);
+      for (uint32_t j = 0; j < 5; ++j) x[j * 800u + 3u] = 1e30f;
+      blocks.emplace_back("heavy-tailed, five huge", x);
+    }
+    for (const auto& [what, x] : blocks) {
+      CAPTURE(what);
+      TensorSet in;
+      in.add("x", {kBlock}, x);
+      const auto frame = Encoder(topk_config(kBlock, kK, 0)).encode(in.inputs());
+      const uint64_t payload = frame.size() - tensor_payload_bytes(Codec::kTopk, kBlock, kBlock, kK);
+      std::vector<uint64_t> sent(kK);
+      for (uint32_t j = 0; j < kK; ++j) {
+        sent[j] = frame[payload + 4 + 2 * j] | uint64_t{frame[payload + 5 + 2 * j]} << 8;
+      }
+      CHECK(sent == brute_topk(x, 0, kBlock, kK));
+    }
   }
 
   TEST_CASE("same input, same bytes; decode_add adds; sum of squares matches the values") {
