@@ -100,6 +100,7 @@ std::vector<std::string> worker_argv(const LocalArgs& a, int i, const std::strin
   auto argv = with_overrides({common::self_exe(), "worker"}, a);
   argv.insert(argv.end(), {"--head", endpoint, "--name", name, "--nproc", std::to_string(a.nproc),
                            "--shard", std::to_string(i)});
+  if (!a.init.empty()) argv.insert(argv.end(), {"--init", a.init});  // no state to download
   if (a.insecure) {
     argv.push_back("--insecure");
   } else {

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 void add_worker_command(CLI::App& app) {
   struct Args {
-    std::string config, head, head_pub, key, name;
+    std::string config, head, head_pub, key, name, init;
     std::vector<std::string> overrides;
     int nproc = 1;
     int64_t shard = -1;
@@ -42,6 +42,11 @@ void add_worker_command(CLI::App& app) {
                   "it so that the run does not depend on the order providers connect in")
       ->check(CLI::Range(int64_t{-1}, int64_t{65535}))
       ->envname("XLOCO_SHARD");
+  cmd->add_option("--init", a->init,
+                  "the warm-start weights the head was given (its --init): θ is built from them, so "
+                  "that joining at the run's start downloads no state (other weights: it is sent)")
+      ->check(CLI::ExistingPath)
+      ->envname("XLOCO_INIT");
   cmd->add_flag("--insecure", a->insecure, "plaintext, unauthenticated link (loopback experiments only)")->envname("XLOCO_INSECURE");
   cmd->callback([a]() {
     const auto cfg = inner::load_run_config(a->config, a->overrides);
@@ -83,6 +88,7 @@ void add_worker_command(CLI::App& app) {
     po.name = name;
     po.run_dir = (run_dir / "providers" / name).string();
     po.shard = a->shard;
+    po.init = a->init;
     const int rc = outer::run_provider(cfg, po, group, std::move(link));
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -22,6 +22,7 @@
 #include "common/process.h"
 #include "compress/torch_adapter.h"
 #include "inner/data.h"
+#include "inner/hf.h"
 #include "inner/model.h"
 #include "inner/runtime.h"
 #include "inner/trainer.h"
@@ -249,10 +250,14 @@ class ProviderRun {
       : cfg_(cfg), opts_(opts), group_(group), leader_(group.leader()),
         // Parsed before joining: a malformed value is an error before the head admits it.
         throttle_(throttle_factor(std::getenv("XLOCO_THROTTLE"), opts.name)) {
-    // The model first, from the run's seed as the head builds it: joining at the run's start
-    // it is θ_pub already, and the head need not send it.
+    // The model first, from the run's seed (or the warm-start weights) as the head builds
+    // it: joining at the run's start it is θ_pub already, and the head need not send it.
     trainer_ = std::make_unique<inner::InnerTrainer>(cfg, inner::make_model(cfg), group,
                                                      inner::resolve_device(cfg.run.device));
+    if (!opts.init.empty()) {
+      trainer_->load_model(inner::load_init_weights(opts.init));
+      if (leader_) spdlog::info("provider {}: θ from {} (the head's warm start)", opts.name, opts.init);
+    }
     theta_pub_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
     if (leader_) {
       lead_ = std::make_unique<Leader>(cfg, opts, std::move(transport));

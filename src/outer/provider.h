@@ -18,6 +18,10 @@ struct ProviderOptions {
   std::string name;       // how logs and metrics name this provider
   std::string run_dir;    // runs/NAME/providers/NAME: metrics
   int64_t shard = -1;     // the data shard to ask the head for (-1: any free one)
+  // The warm-start weights the head was started with (`xloco head --init`): the provider
+  // builds θ from them, so that joining at the run's start it downloads no state. Empty: θ₀
+  // from the run's seed. Weights that are not the head's only cost that download.
+  std::string init;
 };
 
 // Runs until the head says BYE (or a signal); returns the exit code. `transport` is null on

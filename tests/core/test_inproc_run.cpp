@@ -164,7 +164,7 @@ struct ThreadedRun {
     threads.emplace_back([this, name, shard] {
       try {
         inner::Group solo{inner::DistOptions{}};
-        outer::ProviderOptions po{name, provider_dir(name).string(), shard};
+        outer::ProviderOptions po{name, provider_dir(name).string(), shard, {}};
         outer::run_provider(cfg, po, solo, network->connect(name));
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);

@@ -397,14 +397,32 @@ TEST_SUITE("outer") {
     CHECK(summary.bytes_vs_fp32_dp < 0.1);
     CHECK(l.out.find("final eval loss") != std::string::npos);
     // Both joined at the run's start with the θ₀ they built from the seed: no state was sent.
-    const auto count = [&](const std::string& what) {
+    const auto count = [](const std::string& text, const std::string& what) {
       size_t n = 0;
-      for (auto at = l.out.find(what); at != std::string::npos; at = l.out.find(what, at + 1)) ++n;
+      for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
       return n;
     };
-    CHECK(count("joined at round 0 (already current)") == 2);
-    CHECK(count("no state to download") == 2);
-    CHECK(count("(full state)") == 0);
+    CHECK(count(l.out, "joined at round 0 (already current)") == 2);
+    CHECK(count(l.out, "no state to download") == 2);
+    CHECK(count(l.out, "(full state)") == 0);
+
+    // A warm start from that run's last checkpoint: `xloco local --init` gives the weights to
+    // the workers too (`xloco worker --init`), so they join with the head's θ and none is sent.
+    // A worker that ignored them would build θ₀ from the seed and be sent the full state.
+    std::vector<fs::path> ckpts;
+    for (const auto& e : fs::directory_iterator(dir.path / "q/ckpt")) ckpts.push_back(e.path());
+    REQUIRE(!ckpts.empty());
+    std::sort(ckpts.begin(), ckpts.end());
+    auto w = run_xloco("local --providers 2 --init " + ckpts.back().string() +
+                       outer_small(dir.str(), "w") + " --set inner.steps=5 --set outer.inner_steps=5");
+    INFO(w.out);
+    REQUIRE(w.code == 0);
+    CHECK(w.out.find("warm start from") != std::string::npos);
+    CHECK(count(w.out, "(the head's warm start)") == 2);
+    CHECK(count(w.out, "joined at round 0 (already current)") == 2);
+    CHECK(count(w.out, "no state to download") == 2);
+    CHECK(count(w.out, "(full state)") == 0);
+    check_replicas_agree(dir.path / "w", 2);
   }
 
   TEST_CASE("reproducible: two xloco local runs with the providers started in different orders end with the same theta_pub and eval loss") {
