@@ -4,7 +4,9 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <string_view>
 #include <mutex>
 #include <thread>
 
@@ -157,15 +159,12 @@ struct StatusServer::Impl {
       text(http::status::unauthorized,
            "send Authorization: Bearer TOKEN (the head's --http-token / XLOCO_HTTP_TOKEN)\n");
       res.set(http::field::www_authenticate, "Bearer");
+    } else if (target == "/history" && !parse_history_query(query)) {
+      text(http::status::bad_request,
+           "/history takes ?since=ROUND (a round number, or nothing for the whole run), not ?" +
+               query.substr(0, 64) + "\n");
     } else if (target == "/history") {
-      uint64_t since = 0;
-      if (query.rfind("since=", 0) == 0) {
-        try {
-          since = std::stoull(query.substr(6));
-        } catch (const std::exception&) {
-          since = 0;
-        }
-      }
+      const uint64_t since = *parse_history_query(query);
       json rounds = json::array();
       std::string epoch;
       {
@@ -380,6 +379,18 @@ std::string prometheus_text(const HeadStatus& s) {
   per_provider("xloco_provider_bytes_down_total", "counter", "Bytes sent to the provider.", [](P p) { return p.bytes_down; });
   per_provider("xloco_provider_last_seen_seconds", "gauge", "Seconds since the provider was last heard from.", [](P p) { return p.last_seen_s; });
   return out;
+}
+
+std::optional<uint64_t> parse_history_query(const std::string& query) {
+  if (query.empty()) return uint64_t{0};
+  constexpr std::string_view kKey = "since=";
+  if (query.size() <= kKey.size() || query.compare(0, kKey.size(), kKey) != 0) return std::nullopt;
+  uint64_t since = 0;
+  const char* first = query.data() + kKey.size();
+  const char* last = query.data() + query.size();
+  const auto [end, ec] = std::from_chars(first, last, since);
+  if (ec != std::errc() || end != last) return std::nullopt;
+  return since;
 }
 
 std::string http_get(const std::string& base, const std::string& path, double timeout_s,

@@ -11,7 +11,9 @@
 // small HTTP GET that `xloco status` uses.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -56,6 +58,10 @@ std::string prometheus_text(const HeadStatus& status);
 // `token`, when set, goes as `Authorization: Bearer TOKEN`.
 std::string http_get(const std::string& base, const std::string& path, double timeout_s = 5,
                      const std::string& token = "");
+
+// /history's query: "" (every round) or "since=N", N a decimal round number: the rounds after N.
+// Anything else is nullopt (the server answers 400 and names it).
+std::optional<uint64_t> parse_history_query(const std::string& query);
 
 // 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(const std::string& host);

@@ -369,7 +369,15 @@ TEST_SUITE("elastic_rules") {
     REQUIRE(later.size() == 2);
     CHECK(later[0]["round"] == 3);
     CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history?since=9", 5, token))["rounds"].empty());
-    CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/history?since=x", 5, token))["rounds"].size() == 4);
+    // A malformed query is refused, naming what it takes, not read as "the whole run".
+    for (const char* bad : {"since=x", "since=", "since=-1", "since=2x", "since=99999999999999999999", "from=2", "since=2&since=3"}) {
+      CAPTURE(bad);
+      CHECK_FALSE(outer::parse_history_query(bad));
+      CHECK_THROWS_WITH(outer::http_get(open.url(), std::string("/history?") + bad, 5, token),
+                        doctest::Contains("HTTP 400"));
+    }
+    CHECK(outer::parse_history_query("") == uint64_t{0});
+    CHECK(outer::parse_history_query("since=18446744073709551615") == UINT64_MAX);
     // A replaced round changes the history's epoch, so that a page holding the old ones starts over.
     const auto epoch = nlohmann::json::parse(outer::http_get(open.url(), "/history", 5, token))["epoch"];
     open.add_round(again);
