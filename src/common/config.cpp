@@ -83,6 +83,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
   v("outer.topk", c.outer.topk, Range{0, 1 << 16});
   v("outer.topk_down", c.outer.topk_down, Range{0, 1 << 16});
+  v("outer.ef_decay", c.outer.ef_decay, Range{0, 1});
   v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
   v("outer.providers", c.outer.providers, Range{1, 4096});
   v("outer.min_providers", c.outer.min_providers, Range{1, 4096});
@@ -387,6 +388,7 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("delay_steps");
   j["outer"].erase("fold");
   if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
+  if (c.outer.ef_decay == 1.0) j["outer"].erase("ef_decay");    // (likewise)
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

@@ -87,6 +87,8 @@ struct OuterConfig {
   int topk_down = 0;             // topk on the downlink: values per block; 0 = as outer.topk. The
                                  // head's update carries the sum of K sparse contributions, so
                                  // up to K times as many values move per round as one sends.
+  double ef_decay = 1.0;         // uplink error feedback: e ← ef_decay · e + Δ at each round
+                                 // (SparseLoCo's β, for topk); 1 keeps every unsent value
   int zstd_level = 1;            // 0 = store raw
   int providers = 1;             // K: providers the head waits for before round 1 (and shards)
   int min_providers = 1;         // a round may close with this many contributions

@@ -78,6 +78,9 @@ void validate(const CodecConfig& config) {
                 config.zstd_level, ZSTD_minCLevel(), ZSTD_maxCLevel());
   XLOCO_ENFORCE(config.zstd_threads >= 0 && config.zstd_threads <= 256, common::ConfigError,
                 "compress.zstd_threads: {} is outside [0, 256]", config.zstd_threads);
+  XLOCO_ENFORCE(config.residual_decay >= 0.0f && config.residual_decay <= 1.0f,
+                common::ConfigError, "compress.residual_decay: {} is outside [0, 1]",
+                config.residual_decay);
   validate(config.limits);
 }
 

@@ -36,6 +36,8 @@ struct CodecConfig {
   int zstd_level = 1;          // 0 stores the payload raw; < 0 are zstd's fast levels (*)
   int zstd_threads = 0;        // zstd worker threads for compression; 0 compresses inline
   bool error_feedback = true;  // keep e ← (x + e) − deq(Q(x + e)) per tensor (design §2)
+  float residual_decay = 1.0f; // with feedback, e ← residual_decay · e before each encode
+                               // (SparseLoCo's β); 1 keeps every unsent value exactly
   Limits limits;               // also bounds what this side emits
 };
 

@@ -139,6 +139,10 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
     const ConstTensorRef& in = inputs[i];
     const TensorEntry& e = info.tensors[i];
     float* residual = feedback ? residual_for(e.name, e.numel) : nullptr;
+    if (residual != nullptr && config_.residual_decay != 1.0f) {
+      const float decay = config_.residual_decay;
+      for (uint64_t j = 0; j < e.numel; ++j) residual[j] = decay * residual[j];
+    }
     uint8_t* dst = zstd_ ? scratch_.get() : payload + e.offset;
     const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size, dst,
                                         info.topk);

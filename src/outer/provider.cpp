@@ -76,8 +76,9 @@ class Leader {
         if (!w->state.empty()) {
           take_state(w->state, theta_pub, layout);
         } else {
-          spdlog::info("provider {}: the model it built from the run's seed{} is the head's: no "
-                       "state to download", opts_.name, updated ? ", with the last round's update," : "");
+          spdlog::info("provider {}: the model it built from {}{} is the head's: no state to "
+                       "download", opts_.name, opts_.init.empty() ? "the run's seed" : opts_.init,
+                       updated ? ", with the last round's update," : "");
         }
         state_ = {env->round, false, w->shard_index, w->shard_count};
         return {static_cast<int>(w->shard_index), static_cast<int>(w->shard_count)};

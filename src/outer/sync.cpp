@@ -34,6 +34,7 @@ compress::Codec to_codec(common::CodecKind kind) {
 compress::CodecConfig uplink_codec(const common::OuterConfig& c) {
   auto cc = base(c, c.codec_up);
   cc.error_feedback = true;  // e_i stays on the provider (design §2)
+  cc.residual_decay = static_cast<float>(c.ef_decay);
   return cc;
 }
 

@@ -102,6 +102,35 @@ TEST_SUITE("error_feedback") {
     CHECK_THROWS_WITH_AS(exact.set_residual("w", {1.0f}), doctest::Contains("keeps none"), FrameError);
   }
 
+  TEST_CASE("a decaying residual (SparseLoCo's beta): e' = (x + beta * e) - sent, exactly") {
+    for (const Codec codec : {Codec::kTopk, Codec::kInt8}) {
+      CAPTURE(to_string(codec));
+      CodecConfig config;
+      config.codec = codec;
+      if (codec == Codec::kTopk) config.topk = 8;
+      config.residual_decay = 0.75f;
+      Encoder enc(config);
+      Decoder dec;
+      TensorSet in, out;
+      in.add("w", {3000}, heavy_tailed(3000, 11));
+      out.add("w", {3000}, std::vector<float>(3000));
+      enc.encode(in.inputs());
+      const std::vector<float> e = *enc.residual("w");
+      in.data[0] = heavy_tailed(3000, 12);
+      dec.decode(enc.encode(in.inputs()), out.targets());
+      const std::vector<float>& next = *enc.residual("w");
+      size_t wrong = 0;
+      for (size_t i = 0; i < e.size(); ++i) {
+        const float w = in.data[0][i] + 0.75f * e[i];
+        wrong += next[i] != w - out.data[0][i] ? 1 : 0;
+      }
+      CHECK(wrong == 0);
+    }
+    CodecConfig bad;
+    bad.residual_decay = 1.5f;
+    CHECK_THROWS_WITH(Encoder{bad}, doctest::Contains("residual_decay"));
+  }
+
   TEST_CASE("residuals: none for fp32, readable, resettable, shape-checked") {
     TensorSet in;
     in.add("a", {300}, heavy_tailed(300, 1));
