@@ -29,6 +29,9 @@ template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist", "tokens"};
 template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet", "contiguous"};
 template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn", "torchscript"};
 template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk"};
+template <> constexpr std::array kNames<Kernels>{"fused", "aten"};
+template <> constexpr std::array kNames<Overlap>{"none", "delayed"};
+template <> constexpr std::array kNames<Fold>{"step", "arrival"};
 
 template <class E>
 const char* name_of(E e) {
@@ -45,7 +48,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("run.device", c.run.device, Choices{});
   v("run.threads", c.run.threads, Range{0, 1024});
   v("run.blas_threads", c.run.blas_threads, Range{0, 1024});
-  v("run.kernels", c.run.kernels, Choices{"fused", "aten"});
+  v("run.kernels", c.run.kernels, Named{});
   v("data.dataset", c.data.dataset, Named{});
   v("data.sharding", c.data.sharding, Named{});
   v("data.dirichlet_alpha", c.data.dirichlet_alpha, Range{1e-3, 1e6});
@@ -100,9 +103,9 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.norm_bound", c.outer.norm_bound, Range{0, 1e12});
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
-  v("outer.overlap", c.outer.overlap, Choices{"none", "delayed"});
+  v("outer.overlap", c.outer.overlap, Named{});
   v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
-  v("outer.fold", c.outer.fold, Choices{"step", "arrival"});
+  v("outer.fold", c.outer.fold, Named{});
   v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
   v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
@@ -362,6 +365,9 @@ const char* to_string(DatasetKind kind) { return name_of(kind); }
 const char* to_string(Sharding sharding) { return name_of(sharding); }
 const char* to_string(ModelKind kind) { return name_of(kind); }
 const char* to_string(CodecKind kind) { return name_of(kind); }
+const char* to_string(Kernels kernels) { return name_of(kernels); }
+const char* to_string(Overlap overlap) { return name_of(overlap); }
+const char* to_string(Fold fold) { return name_of(fold); }
 
 int total_rounds(const Config& c) {
   return (c.inner.steps + c.outer.inner_steps - 1) / c.outer.inner_steps;

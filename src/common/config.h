@@ -17,10 +17,16 @@ enum class DatasetKind { kKjv, kFmnist, kTokens };
 enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
 enum class ModelKind { kGpt, kCnn, kTorchScript };
 enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk };
+enum class Kernels { kFused, kAten };
+enum class Overlap { kNone, kDelayed };
+enum class Fold { kStep, kArrival };
 const char* to_string(DatasetKind kind);
 const char* to_string(Sharding sharding);
 const char* to_string(ModelKind kind);
 const char* to_string(CodecKind kind);
+const char* to_string(Kernels kernels);
+const char* to_string(Overlap overlap);
+const char* to_string(Fold fold);
 
 struct RunConfig {
   std::string name = "run";    // run directory name under dir
@@ -29,8 +35,8 @@ struct RunConfig {
   std::string device = "auto"; // auto (CUDA when present) | cpu | cuda | cuda:N
   int threads = 0;             // intra-op threads per rank; 0 = 1 (measured, RESULTS.md)
   int blas_threads = 0;        // OpenBLAS threads per rank; 0 = cores / ranks on this host
-  std::string kernels = "fused";  // CPU GPT kernels: fused (src/inner/kernels.h) | aten (LibTorch's
-                                  // ops); the same model, different rounding
+  Kernels kernels = Kernels::kFused;  // CPU GPT kernels: fused (src/inner/kernels.h) | aten
+                                      // (LibTorch's ops); the same model, different rounding
 };
 
 struct DataConfig {
@@ -110,7 +116,7 @@ struct OuterConfig {
   // trains round r + 1 at once from its own parameters and folds round r's update in after
   // delay_steps of them (θ ← θ_pub(r) + θ − base): it waits for the downlink only when the
   // update takes longer than those steps (design §2).
-  std::string overlap = "none";
+  Overlap overlap = Overlap::kNone;
   // With "delayed": the inner steps of round r + 1 run before round r's update is folded in
   // (1..inner_steps; 0 = inner_steps / 10, at least 1). More hides slower links; fewer keeps
   // the providers closer to the global model.
@@ -119,7 +125,7 @@ struct OuterConfig {
   // is reproducible bit for bit. "arrival": at the first step boundary after it has come in
   // (at delay_steps at the latest): the fewest steps from a stale start, and so the least loss,
   // but where the fold falls depends on the link's timing (θ_pub is identical everywhere still).
-  std::string fold = "step";
+  Fold fold = Fold::kStep;
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.

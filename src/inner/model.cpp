@@ -154,7 +154,7 @@ std::shared_ptr<Net> make_model(const common::Config& config) {
   if (config.model.kind == common::ModelKind::kGpt) {
     common::Config c = config;
     if (c.model.vocab_size == 0) resolve_vocab(c);  // configs written before model.vocab_size
-    return std::make_shared<Gpt>(c.model, c.run.kernels == "fused");
+    return std::make_shared<Gpt>(c.model, c.run.kernels == common::Kernels::kFused);
   }
   return std::make_shared<Cnn>();
 }

@@ -47,7 +47,7 @@ double contribution_weight(uint64_t tokens, uint64_t first_tokens, uint64_t allo
 }
 
 bool chains_next_round(uint64_t round, const common::Config& c) {
-  return c.outer.overlap == "delayed" && static_cast<int>(round) < common::total_rounds(c);
+  return c.outer.overlap == common::Overlap::kDelayed && static_cast<int>(round) < common::total_rounds(c);
 }
 
 int64_t fold_step(const common::Config& c) {
@@ -57,7 +57,7 @@ int64_t fold_step(const common::Config& c) {
 
 FoldVerdict fold_now(int64_t done, bool arrived, const common::Config& c) {
   const int64_t at = fold_step(c);
-  if (c.outer.fold == "arrival" && arrived) {
+  if (c.outer.fold == common::Fold::kArrival && arrived) {
     return {true, false, fmt::format("the update came in before step {} (outer.fold = arrival)", done)};
   }
   if (done >= at) {

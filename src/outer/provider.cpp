@@ -677,8 +677,8 @@ class ProviderRun {
   torch::Tensor theta_pub_;
   common::JsonlWriter metrics_;
   bool save_state_ = true;
-  const bool delayed_ = cfg_.outer.overlap == "delayed";
-  const bool arrival_ = cfg_.outer.fold == "arrival";  // polls for the update at each step
+  const bool delayed_ = cfg_.outer.overlap == common::Overlap::kDelayed;
+  const bool arrival_ = cfg_.outer.fold == common::Fold::kArrival;  // polls for the update at each step
   torch::Tensor base_;  // the leader's: what a delayed round's progress is measured from
   uint64_t tokens_ = 0;
   int64_t steps_done_ = 0, last_step_ = 0;

@@ -244,8 +244,8 @@ net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& value
 
 // The head stops after round 4 as if killed (its providers cut: no BYE gets out) and restarts
 // from its checkpoint; the providers rejoin and the run ends with θ_pub agreeing everywhere.
-void head_restart(const std::string& overlap) {
-  ThreadedRun run("thr-restart-" + overlap, 3);
+void head_restart(common::Overlap overlap) {
+  ThreadedRun run(std::string("thr-restart-") + common::to_string(overlap), 3);
   run.cfg.outer.head_timeout_s = 30;
   run.cfg.outer.overlap = overlap;
   auto head = run.head();
@@ -401,7 +401,7 @@ TEST_SUITE("inproc_run") {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    head_restart("none");
+    head_restart(common::Overlap::kNone);
   }
 
   TEST_CASE("outer.overlap = delayed: the head restarted from its checkpoint; providers drop the round they trained ahead, rejoin, and theta_pub agrees everywhere") {
@@ -409,7 +409,7 @@ TEST_SUITE("inproc_run") {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    head_restart("delayed");
+    head_restart(common::Overlap::kDelayed);
   }
 
   TEST_CASE("outer.overlap = delayed: providers train ahead of the head; one joining at round 3 counts from the round after, and theta_pub agrees everywhere") {
@@ -418,7 +418,7 @@ TEST_SUITE("inproc_run") {
       return;
     }
     ThreadedRun run("thr-delayed-join", 3);
-    run.cfg.outer.overlap = "delayed";
+    run.cfg.outer.overlap = common::Overlap::kDelayed;
     run.cfg.outer.min_providers = 2;
     run.cfg.outer.start_grace_s = 0;  // round 1 starts with the two there
     auto head = run.head();

@@ -98,9 +98,9 @@ TEST_SUITE("kernels") {
     config.model.n_layer = 2;
     config.model.n_head = 2;
     config.model.seq_len = 96;
-    config.run.kernels = "fused";
+    config.run.kernels = common::Kernels::kFused;
     auto fused = inner::make_model(config);
-    config.run.kernels = "aten";
+    config.run.kernels = common::Kernels::kAten;
     auto aten = inner::make_model(config);  // the same seed: the same initial weights
     torch::manual_seed(11);
     const auto x = torch::randint(0, 256, {4, 96}), y = torch::randint(0, 256, {4, 96});

@@ -600,7 +600,7 @@ TEST_SUITE("pace") {
     c.inner.steps = 100;
     c.outer.inner_steps = 25;
     CHECK_FALSE(outer::chains_next_round(1, c));
-    c.outer.overlap = "delayed";
+    c.outer.overlap = common::Overlap::kDelayed;
     CHECK(outer::chains_next_round(1, c));
     CHECK(outer::chains_next_round(3, c));
     CHECK_FALSE(outer::chains_next_round(4, c));  // the last round waits for its update
@@ -640,7 +640,7 @@ TEST_SUITE("pace") {
   TEST_CASE("fold_now: at delay_steps with outer.fold = step whenever the update came; as soon as it has with arrival") {
     common::Config c;
     c.outer.inner_steps = 50;
-    c.outer.overlap = "delayed";  // fold_step 5
+    c.outer.overlap = common::Overlap::kDelayed;  // fold_step 5
     CHECK_FALSE(outer::fold_now(0, true, c).fold);  // "step": arrival does not matter
     CHECK_FALSE(outer::fold_now(4, true, c).fold);
     auto v = outer::fold_now(5, false, c);
@@ -648,7 +648,7 @@ TEST_SUITE("pace") {
     CHECK(v.wait);
     CHECK(v.reason.find("waiting") != std::string::npos);
     CHECK_FALSE(outer::fold_now(5, true, c).wait);
-    c.outer.fold = "arrival";
+    c.outer.fold = common::Fold::kArrival;
     CHECK_FALSE(outer::fold_now(2, false, c).fold);
     v = outer::fold_now(2, true, c);
     CHECK(v.fold);
