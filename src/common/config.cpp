@@ -394,7 +394,8 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("delay_steps");
   j["outer"].erase("fold");
   if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
-  if (c.outer.ef_decay == 1.0) j["outer"].erase("ef_decay");    // (likewise)
+  // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
+  if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

@@ -52,7 +52,8 @@ class Leader {
   Leader(const common::Config& cfg, const ProviderOptions& opts, std::unique_ptr<net::Transport> t)
       : cfg_(cfg), opts_(opts), link_(std::move(t), cfg), up_(uplink_codec(cfg.outer)) {}
 
-  // Sends HELLO with the hash of `theta_pub` (the model this provider built from the run's seed)
+  // Sends HELLO with the hash of `theta_pub` (the model this provider built from the run's seed,
+  // or loaded from the head's warm-start weights)
   // and waits for WELCOME; returns the shard it was given. The head sends the full state only
   // when that is not its θ_pub (membership.h sync_for): a provider joining a run at its start
   // builds θ₀ itself and downloads nothing, and one joining a round after it gets that round's

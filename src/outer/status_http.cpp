@@ -161,7 +161,7 @@ struct StatusServer::Impl {
       res.set(http::field::www_authenticate, "Bearer");
     } else if (target == "/history" && !parse_history_query(query)) {
       text(http::status::bad_request,
-           "/history takes ?since=ROUND (a round number, or nothing for the whole run), not ?" +
+           "/history takes ?since=ROUND (a round number; no query for the whole run), not ?" +
                query.substr(0, 64) + "\n");
     } else if (target == "/history") {
       const uint64_t since = *parse_history_query(query);

@@ -133,7 +133,7 @@ TEST_SUITE("topk") {
     constexpr uint32_t kBlock = 4096, kK = 64;
     const auto sign = [](uint32_t i) { return i % 3 == 0 ? -1.0f : 1.0f; };
     std::vector<std::pair<std::string, std::vector<float>>> blocks;
-    {  // the sampled positions hold the 128 largest: the first two guesses gather < k
+    {  // the sampled positions hold the 128 largest: the first four guesses gather < k
       std::vector<float> x(kBlock);
       for (uint32_t i = 0; i < kBlock; ++i) x[i] = sign(i) * (i % 32 == 0 ? 1000.0f + i : 1.0f + i % 7);
       blocks.emplace_back("sampled values largest", x);
