@@ -457,6 +457,11 @@ def report(runner, results):
     log(f"wrote {out / 'results.md'}, results.csv and plots")
 
 
+def gp_quote(text):
+    """A gnuplot single-quoted string: inside one, a quote is written twice."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
 def plots(runner, results):
     out = runner.out
     if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode != 0:
@@ -480,20 +485,20 @@ def plots(runner, results):
         if not plot_runs:
             continue
         curves = ", ".join(
-            f"'plot-data/{r['name']}.dat' using ($1/1e6):2 with linespoints title '{r['label']}'"
+            f"'plot-data/{r['name']}.dat' using ($1/1e6):2 with linespoints title {gp_quote(r['label'])}"
             + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "") for r in plot_runs)
         script += [f"set output 'loss-vs-tokens-{group}.png'",
-                   f"set title 'Eval loss vs tokens ({group}, plan {runner.plan['name']})'",
+                   "set title " + gp_quote(f"Eval loss vs tokens ({group}, plan {runner.plan['name']})"),
                    "set xlabel 'tokens (millions)'" if not group.startswith("fmnist") else "set xlabel 'images (millions)'",
                    "set ylabel 'eval loss'", "unset logscale x", f"plot {curves}"]
         curves = ", ".join(
-            f"'plot-data/{r['name']}.dat' using 3:2 with linespoints title '{r['label']}'"
+            f"'plot-data/{r['name']}.dat' using 3:2 with linespoints title {gp_quote(r['label'])}"
             + (" lw 3 lc rgb 'black'" if r["kind"] == "train" else "")
             for r in plot_runs if r["curve"][-1].get("bytes"))
         if not curves:
             continue
         script += [f"set output 'loss-vs-bytes-{group}.png'",
-                   f"set title 'Eval loss vs bytes communicated ({group})'",
+                   "set title " + gp_quote(f"Eval loss vs bytes communicated ({group})"),
                    "set xlabel 'bytes sent, up + down, all providers (log)'", "set logscale x",
                    f"plot {curves}", "unset logscale x"]
     wan = sorted((r for r in results if r["kind"] == "netns" and not r.get("skipped")),
