@@ -53,11 +53,10 @@ class Leader {
       : cfg_(cfg), opts_(opts), link_(std::move(t), cfg), up_(uplink_codec(cfg.outer)) {}
 
   // Sends HELLO with the hash of `theta_pub` (the model this provider built from the run's seed,
-  // or loaded from the head's warm-start weights)
-  // and waits for WELCOME; returns the shard it was given. The head sends the full state only
-  // when that is not its θ_pub (membership.h sync_for): a provider joining a run at its start
-  // builds θ₀ itself and downloads nothing, and one joining a round after it gets that round's
-  // update (before the WELCOME) instead of the state.
+  // or loaded from the head's warm-start weights) and waits for WELCOME; returns the shard it
+  // was given. The head sends the full state only when that is not its θ_pub (membership.h
+  // sync_for): a provider joining a run at its start builds θ₀ itself and downloads nothing,
+  // and one joining a round after it gets that round's update (before the WELCOME) instead.
   inner::Shard join(torch::Tensor& theta_pub, const common::FlatLayout& layout) {
     state_.rejoining = true;  // waiting for a WELCOME: check_head_alive repeats the HELLO
     hello(hash_of(theta_pub));

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <string_view>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include <boost/asio/connect.hpp>
@@ -159,22 +159,23 @@ struct StatusServer::Impl {
       text(http::status::unauthorized,
            "send Authorization: Bearer TOKEN (the head's --http-token / XLOCO_HTTP_TOKEN)\n");
       res.set(http::field::www_authenticate, "Bearer");
-    } else if (target == "/history" && !parse_history_query(query)) {
-      text(http::status::bad_request,
-           "/history takes ?since=ROUND (a round number; no query for the whole run), not ?" +
-               query.substr(0, 64) + "\n");
     } else if (target == "/history") {
-      const uint64_t since = *parse_history_query(query);
-      json rounds = json::array();
-      std::string epoch;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        const auto from = std::upper_bound(history.begin(), history.end(), since,
-                                           [](uint64_t r, const HistoryPoint& h) { return r < h.round; });
-        for (auto it = from; it != history.end(); ++it) rounds.push_back(*it);
-        epoch = instance + "-" + std::to_string(replaced);
+      if (const auto since = parse_history_query(query); !since) {
+        text(http::status::bad_request,
+             "/history takes ?since=ROUND (a round number; no query for the whole run), not ?" +
+                 query.substr(0, 64) + "\n");
+      } else {
+        json rounds = json::array();
+        std::string epoch;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          const auto from = std::upper_bound(history.begin(), history.end(), *since,
+                                             [](uint64_t r, const HistoryPoint& h) { return r < h.round; });
+          for (auto it = from; it != history.end(); ++it) rounds.push_back(*it);
+          epoch = instance + "-" + std::to_string(replaced);
+        }
+        json_body(json{{"epoch", epoch}, {"rounds", std::move(rounds)}}.dump() + "\n");
       }
-      json_body(json{{"epoch", epoch}, {"rounds", std::move(rounds)}}.dump() + "\n");
     } else if (target == "/run") {
       std::lock_guard<std::mutex> lock(mu);
       json_body(run_json);

@@ -138,8 +138,6 @@ struct Cluster {
   }
 };
 
-// TCP clients connected to 127.0.0.1:PORT that never send a byte; closed at scope exit
-// (a failed assertion included) or by close().
 // A TCP connection to 127.0.0.1:port; the socket.
 int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -155,6 +153,8 @@ int connect_loopback(int port) {
   return fd;
 }
 
+// TCP clients connected to 127.0.0.1:PORT that never send a byte; closed at scope exit
+// (a failed assertion included) or by close().
 struct IdleClients {
   std::vector<int> fds;
   IdleClients(int port, int n) {
