@@ -106,6 +106,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.overlap", c.outer.overlap, Named{});
   v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
   v("outer.fold", c.outer.fold, Named{});
+  v("outer.keep_local", c.outer.keep_local, Range{0, 0.99});
   v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
   v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
@@ -396,6 +397,7 @@ std::string config_hash(const Config& c) {
   if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
   // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
   if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
+  if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

@@ -126,6 +126,13 @@ struct OuterConfig {
   // (at delay_steps at the latest): the fewest steps from a stale start, and so the least loss,
   // but where the fold falls depends on the link's timing (θ_pub is identical everywhere still).
   Fold fold = Fold::kStep;
+  // When a round's new θ_pub comes in, the share of its own parameters' offset from it that a
+  // provider keeps: it goes on from θ_pub + keep_local · (θ_own − θ_pub), θ_own being where its
+  // last round ended (Streaming DiLoCo's mixing factor, arXiv 2501.18512). With "delayed" the
+  // fold becomes θ ← θ_pub(r) + keep_local · (base − θ_pub(r)) + (θ − base). 0: DiLoCo, every
+  // round starts from θ_pub. A provider that joins, resynchronises or is redirected starts
+  // from θ_pub.
+  double keep_local = 0;
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.

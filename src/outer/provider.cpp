@@ -304,6 +304,7 @@ class ProviderRun {
     group_.broadcast(ctrl_);
     if (ctrl_[0].item<int64_t>() == kStop) return 0;
     if (ctrl_[2].item<int64_t>() != 0) {
+      own_round_ = 0;  // its own parameters belong to another θ_pub now
       wait_for_save();  // it borrows the moments being replaced
       trainer_->reset_optimizer();  // resynchronised with full state: a fresh AdamW state
       if (leader_) spdlog::info("provider {}: fresh AdamW state after a full-state resync", opts_.name);
@@ -326,7 +327,16 @@ class ProviderRun {
     const double state_wait_s = delayed_ ? 0.0 : wait_for_save();
     {
       torch::NoGradGuard guard;
-      if (leader_ && !chained) trainer_->params().copy_(theta_pub_);
+      if (leader_ && !chained) {
+        if (own_round_ != 0 && own_round_ + 1 == r) {
+          // outer.keep_local: from θ_pub + a · (θ_own − θ_pub), θ_own where round r − 1 ended.
+          own_.sub_(theta_pub_).mul_(keep_local_).add_(theta_pub_);
+          trainer_->params().copy_(own_);
+        } else {
+          trainer_->params().copy_(theta_pub_);
+        }
+        own_round_ = 0;
+      }
       group_.broadcast(trainer_->params());
       if (leader_ && delayed_) {
         // The base its progress is measured from: θ_pub, or the chained start until the fold.
@@ -405,6 +415,12 @@ class ProviderRun {
       delta = base_;
       torch::sub_out(delta, base_, theta.is_cpu() ? theta : theta.to(torch::kCPU));
     } else {
+      if (keep_local_ > 0) {
+        // outer.keep_local: where this round ended, for the next round's start.
+        if (!own_.defined()) own_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
+        own_.copy_(theta);
+        own_round_ = r;
+      }
       // δ = θ_pub − θ in θ's own memory (on a GPU, in its host copy): θ is spent now, and the
       // next round starts by overwriting it with θ_pub.
       delta = theta.is_cpu() ? theta : theta.to(torch::kCPU);
@@ -440,7 +456,9 @@ class ProviderRun {
   // The fold of a chained round r (design §2, outer.overlap = delayed): wait for the head's
   // ROUND_START of r, which follows round r − 1's update, then move the progress made so far
   // onto the new θ_pub: θ ← θ_pub(r − 1) + (θ − base), base ← θ_pub(r − 1) (the eager
-  // updates of arXiv 2502.12996; Streaming DiLoCo's merge). Every rank takes θ. A head that
+  // updates of arXiv 2502.12996; Streaming DiLoCo's merge). With outer.keep_local = a the
+  // start it moves onto keeps a share of the provider's own: θ_pub(r − 1) + a · (base −
+  // θ_pub(r − 1)), base being where round r − 1 ended. Every rank takes θ. A head that
   // went elsewhere (a restart, a resync) redirects the provider to the round it is at.
   RoundEnd fold_update(uint64_t r, double& waited_s) {
     const auto t0 = Clock::now();
@@ -454,6 +472,7 @@ class ProviderRun {
       // In place (on a GPU, in its host copy): no model-sized temporaries.
       torch::Tensor host = theta.is_cpu() ? theta : theta.to(torch::kCPU);
       host.sub_(base_).add_(theta_pub_);
+      if (keep_local_ > 0) host.add_(base_, keep_local_).sub_(theta_pub_, keep_local_);
       if (!theta.is_cpu()) theta.copy_(host);
       base_.copy_(theta_pub_);
     }
@@ -680,6 +699,10 @@ class ProviderRun {
   const bool delayed_ = cfg_.outer.overlap == common::Overlap::kDelayed;
   const bool arrival_ = cfg_.outer.fold == common::Fold::kArrival;  // polls for the update at each step
   torch::Tensor base_;  // the leader's: what a delayed round's progress is measured from
+  const double keep_local_ = cfg_.outer.keep_local;
+  // The leader's, synchronous with keep_local > 0: where round own_round_ ended (0: none).
+  torch::Tensor own_;
+  uint64_t own_round_ = 0;
   uint64_t tokens_ = 0;
   int64_t steps_done_ = 0, last_step_ = 0;
   inner::StepStats last_stats_;

@@ -89,7 +89,11 @@ double max_abs_diff(const std::string& a, const std::string& b) {
 // x_end; the head steps θ ← OuterOpt(θ, δ). Synchronous (fold 0): every round starts from
 // θ_pub(r − 1). Delayed (fold k): a round after the first starts where the last one ended, and
 // after k steps moves its progress onto θ_pub(r − 1): x ← θ_pub(r − 1) + (x − base), base ←
-// θ_pub(r − 1). The flat θ_true at the end.
+// θ_pub(r − 1). With outer.keep_local = a, what a round starts from (synchronous) or moves onto
+// (delayed) keeps a share of where the last round ended, x_own: θ_pub(r − 1) + a · (x_own −
+// θ_pub(r − 1)); delayed, x ← θ_pub(r − 1) + (x − base) + a · (base − θ_pub(r − 1)), base
+// being x_own there. Either way δ is measured from θ_pub(r − 1), not from that start. The flat
+// θ_true at the end.
 // `fold_at[r]`: the step of round r before which round r − 1's update is folded in (H or more:
 // after its last step); -1: round r starts from θ_pub (synchronous). Rounds past the vector's
 // end take its last entry.
@@ -101,6 +105,7 @@ torch::Tensor reference_rule(const common::Config& c, const std::vector<int64_t>
   torch::Tensor theta = t.params().detach().clone();  // θ_true = θ_pub
   outer::OuterOptimizer opt(c.outer, theta.numel(), t.layout().buffers_offset);
   const int64_t H = c.outer.inner_steps, rounds = common::total_rounds(c);
+  const double a = c.outer.keep_local;
   torch::Tensor base;
   for (int64_t r = 1; r <= rounds; ++r) {
     const torch::Tensor pub = theta.clone();  // θ_pub(r − 1)
@@ -108,12 +113,18 @@ torch::Tensor reference_rule(const common::Config& c, const std::vector<int64_t>
     const bool chained = fold >= 0 && r > 1;
     {
       torch::NoGradGuard guard;
-      if (!chained) t.params().copy_(pub);
-      base = t.params().clone();
+      if (!chained && r > 1 && a > 0) {
+        t.params().copy_((t.params() - pub).mul_(a).add_(pub));  // x_own is where r − 1 ended
+      } else if (!chained) {
+        t.params().copy_(pub);
+      }
+      base = chained ? t.params().clone() : pub.clone();
     }
     auto move_onto_pub = [&] {
       torch::NoGradGuard guard;
-      t.params().copy_(pub + (t.params() - base));
+      torch::Tensor x = pub + (t.params() - base);
+      if (a > 0) x.add_(base, a).sub_(pub, a);
+      t.params().copy_(x);
       base = pub.clone();
     };
     const int64_t n = std::min<int64_t>(H, c.inner.steps - (r - 1) * H);
@@ -310,6 +321,44 @@ TEST_SUITE("outer") {
     CHECK(to_end > 100 * std::max(to_delayed, 1e-7));
     // Every round after the first was trained before the head started it.
     CHECK(test::chained_rounds(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl") == 4);
+  }
+
+  TEST_CASE("outer.keep_local: synchronous and delayed, theta follows the rule that keeps a share of the provider's own parameters") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("keep_local");
+    for (const bool delayed : {false, true}) {
+      const std::string name = delayed ? "delayed" : "sync";
+      std::vector<std::string> sets = {
+          "run.dir=" + dir.str(), "run.name=" + name, "model.d_model=32", "model.n_layer=1",
+          "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
+          "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
+          "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
+          "outer.eval_every=0", "outer.keep_local=0.5"};
+      if (delayed) {
+        sets.push_back("outer.overlap=delayed");
+        sets.push_back("outer.delay_steps=2");
+      }
+      std::string args = " --providers 1 --config " + cfg();
+      for (const auto& kv : sets) args += " --set " + kv;
+      auto l = run_xloco("local" + args);
+      INFO(l.out);
+      REQUIRE(l.code == 0);
+      check_replicas_agree(dir.path / name, 1);
+      const torch::Tensor got = flat_theta_pub(dir.path / name / "ckpt/round-000005");
+      auto c = common::load_config(cfg(), sets);
+      const int64_t fold = delayed ? 2 : 0;
+      const torch::Tensor rule = reference_rule(c, fold);
+      c.outer.keep_local = 0;
+      const torch::Tensor plain = reference_rule(c, fold);
+      const double to_rule = (got - rule).abs().max().item<double>();
+      const double to_plain = (got - plain).abs().max().item<double>();
+      MESSAGE(name << ": max |run - rule with keep_local 0.5| = " << to_rule << "; to the rule without it " << to_plain);
+      CHECK(to_rule <= 1e-6);
+      CHECK(to_plain > 100 * std::max(to_rule, 1e-7));
+    }
   }
 
   TEST_CASE("outer.fold = arrival: each round folds as soon as the update is in, and theta follows the rule at those steps") {
@@ -670,7 +719,7 @@ TEST_SUITE("pace") {
     }
   }
 
-  TEST_CASE("config: overlap and time budgets are checked; overlap is not hashed, and a run without a budget hashes as before") {
+  TEST_CASE("config: overlap and time budgets are checked; overlap is not hashed, a run without a budget hashes as before, keep_local only when set") {
     common::Config c;
     const std::string before = common::config_hash(c);
     nlohmann::json j = common::to_json(c);
@@ -694,5 +743,11 @@ TEST_SUITE("pace") {
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("min_inner_steps"), common::ConfigError);
     j["outer"]["min_inner_steps"] = 1;
     CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["keep_local"] = 0;  // runs from before it hash as before
+    CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["keep_local"] = 0.5;  // it changes θ_pub: hashed
+    CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["keep_local"] = 1;  // θ_pub would never come in
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.keep_local"), common::ConfigError);
   }
 }
