@@ -35,6 +35,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -479,7 +480,7 @@ def plots(runner, results):
             for p in r["curve"]:
                 acc = p.get("eval_accuracy")
                 f.write(f"{p['tokens']} {p['eval_loss']} {p['bytes'] or 'NaN'} {acc if acc is not None else 'NaN'}\n")
-    script = ["set terminal pngcairo size 900,600 font 'sans,10'", "set grid", "set key top right"]
+    script = ["set terminal pngcairo noenhanced size 900,600 font 'sans,10'", "set grid", "set key top right"]
     for group, rs in groups.items():
         plot_runs = [r for r in rs if r["kind"] != "netns"]
         if not plot_runs:
@@ -504,15 +505,27 @@ def plots(runner, results):
     wan = sorted((r for r in results if r["kind"] == "netns" and not r.get("skipped")),
                  key=lambda r: rate_mbit(r["rate"]))
     if wan:
-        with open(dat / "utilization.dat", "w") as f:
-            f.write("# mbit utilization_percent\n")
-            for r in wan:
-                f.write(f"{rate_mbit(r['rate'])} {100 * r['utilization']}\n")
+        # One line per setting: runs whose labels differ only in the link rate and in what
+        # they say in parentheses. The least busy provider's share where the run measured it
+        # (the head's utilization exceeds 100 % when rounds overlap), else the head's.
+        series = {}
+        for r in wan:
+            key = re.sub(r"\s*\([^)]*\)", "", re.sub(r"\d+(\.\d+)?[kmg]bit links,\s*", "", r["label"]))
+            series.setdefault(key, []).append(r)
+        curves = []
+        for i, (key, runs) in enumerate(series.items()):
+            with open(dat / f"utilization-{i}.dat", "w") as f:
+                f.write("# mbit busy_percent\n")
+                for r in runs:
+                    busy = r.get("provider_busy_min") or r["utilization"]
+                    f.write(f"{rate_mbit(r['rate'])} {100 * busy}\n")
+            curves.append(f"'plot-data/utilization-{i}.dat' using 1:2 with linespoints lw 2 pt 7 title {gp_quote(key)}")
         script += ["set output 'utilization-vs-bandwidth.png'",
-                   "set title 'Compute utilization vs link bandwidth (K=4, H=50, int8)'",
+                   "set title 'Least busy provider vs link bandwidth'",
                    "set xlabel 'per-provider link rate, Mbit/s (log)'", "set logscale x",
-                   "set ylabel 'inner compute / wall (%)'", "set yrange [*:100]", "unset key",
-                   f"plot 'plot-data/utilization.dat' using 1:2 with linespoints lw 2 pt 7, 97 dt 2 lc rgb 'red'"]
+                   "set ylabel 'inner compute / (compute + waiting) (%)'", "set yrange [*:100.5]",
+                   "set key bottom right",
+                   f"plot {', '.join(curves)}, 97 dt 2 lc rgb 'red' title '97 %'"]
     gp = out / "plots.gp"
     gp.write_text("\n".join(script) + "\n")
     res = subprocess.run(["gnuplot", gp.name], cwd=out, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-set terminal pngcairo size 900,600 font 'sans,10'
+set terminal pngcairo noenhanced size 900,600 font 'sans,10'
 set grid
 set key top right
 set output 'loss-vs-tokens-kjv.png'
