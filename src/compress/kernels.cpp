@@ -387,8 +387,8 @@ uint32_t gather_at_least(const float* w, uint32_t len, int32_t t, uint16_t* pos,
 }
 
 // The r-th largest key (1-based) of w[0], w[stride], w[2·stride], …, or 0 (gather everything)
-// when there are fewer than r or r > 128. The r largest are kept sorted in a small array: with r ≪ the sample, few keys
-// enter it, and each of the others costs one predictable compare.
+// when there are fewer than r or r > 128. The r largest are kept sorted in a small array: with
+// r ≪ the sample, few keys enter it, and each of the others costs one predictable compare.
 int32_t sample_rank(const float* w, uint32_t len, uint32_t stride, uint32_t r) {
   if (r > 128 || static_cast<uint64_t>(r - 1) * stride >= len) return 0;
   int32_t top[128];  // descending; top[r - 1] the smallest kept
