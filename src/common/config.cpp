@@ -107,7 +107,6 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
   v("outer.fold", c.outer.fold, Named{});
   v("outer.keep_local", c.outer.keep_local, Range{0, 0.99});
-  v("outer.lookahead", c.outer.lookahead, Flag{});
   v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
   v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
@@ -268,9 +267,6 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.delay_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.delay_steps = {} exceeds outer.inner_steps = {} (the update of a "
                 "round is folded in within the next one)", c.outer.delay_steps, c.outer.inner_steps);
-  XLOCO_ENFORCE(!c.outer.lookahead || c.outer.overlap == Overlap::kDelayed, ConfigError,
-                "config: outer.lookahead = true needs outer.overlap = \"delayed\" (it is where a "
-                "round trained ahead of its update starts)");
   XLOCO_ENFORCE(c.outer.min_inner_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.min_inner_steps = {} exceeds outer.inner_steps = {} (the most steps "
                 "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);
@@ -398,7 +394,6 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("overlap");
   j["outer"].erase("delay_steps");
   j["outer"].erase("fold");
-  j["outer"].erase("lookahead");
   if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
   // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
   if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");

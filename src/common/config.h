@@ -133,12 +133,6 @@ struct OuterConfig {
   // round starts from θ_pub. A provider that joins, resynchronises or is redirected starts
   // from θ_pub.
   double keep_local = 0;
-  // With "delayed": a round trained before the last one's update has come in starts from where
-  // that update is expected to take θ_pub (the head's outer step applied to the provider's own
-  // δ, with an outer momentum it tracks from the θ_pubs it receives: the eager updates of
-  // arXiv 2502.12996) rather than from where its own round ended; the fold then moves it by the
-  // forecast's miss alone. One more model-sized buffer on the provider (its momentum).
-  bool lookahead = false;
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace xloco::outer {
 
@@ -61,47 +60,6 @@ std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
     if (bad.any().item<bool>()) return o + bad.nonzero()[0][0].item<int64_t>();
   }
   return std::nullopt;
-}
-
-UpdateForecast::UpdateForecast(const common::OuterConfig& config, int64_t numel, int64_t averaged_from)
-    : averaged_from_(averaged_from < 0 ? numel : std::min(averaged_from, numel)), lr_(config.lr),
-      mu_(config.momentum), nesterov_(config.nesterov) {
-  if (mu_ != 0) momentum_ = torch::zeros({averaged_from_}, torch::kFloat32);
-}
-
-void UpdateForecast::predict(const torch::Tensor& theta_pub, torch::Tensor& delta) {
-  torch::NoGradGuard guard;
-  const int64_t n = delta.numel(), k = averaged_from_;
-  auto d = delta.narrow(0, 0, k);
-  const auto pub = theta_pub.narrow(0, 0, k);
-  if (const char* b = std::getenv("XLOCO_LA_BETA")) d.mul_(std::atof(b));  // EXPERIMENT
-  // OuterOptimizer::apply's operations, with the output in δ's own memory (element-wise, so
-  // the aliasing is safe) and θ_pub read only.
-  if (mu_ == 0) {
-    torch::add_out(d, pub, d, -lr_);
-  } else {
-    momentum_.mul_(mu_).add_(d);
-    if (nesterov_) {
-      torch::add_out(d, pub, d, -lr_);
-      d.add_(momentum_, -lr_ * mu_);
-    } else {
-      torch::add_out(d, pub, momentum_, -lr_);
-    }
-  }
-  if (k < n) {  // the averaged elements: θ ← θ − Δ
-    auto rest = delta.narrow(0, k, n - k);
-    torch::sub_out(rest, theta_pub.narrow(0, k, n - k), rest);
-  }
-}
-
-void UpdateForecast::correct(const torch::Tensor& miss) {
-  if (mu_ == 0) return;
-  torch::NoGradGuard guard;
-  momentum_.add_(miss.narrow(0, 0, averaged_from_), 1.0 / (lr_ * (nesterov_ ? 1 + mu_ : 1.0)));
-}
-
-void UpdateForecast::reset() {
-  if (momentum_.defined()) momentum_.zero_();
 }
 
 }  // namespace xloco::outer

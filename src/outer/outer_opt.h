@@ -37,30 +37,4 @@ class OuterOptimizer {
   torch::Tensor momentum_;
 };
 
-// outer.lookahead (design §2): a delayed provider's forecast of the head's next outer step, so
-// that it trains the next round from where θ_pub is about to go rather than from where its own
-// round ended. It keeps its own copy of the outer momentum: built from its own δ in place of the
-// providers' average Δ, and corrected each time the real θ_pub comes in. With one provider on
-// fp32 links the forecast is the head's step exactly (the same operations, in the same order).
-class UpdateForecast {
- public:
-  UpdateForecast(const common::OuterConfig& config, int64_t numel, int64_t averaged_from = -1);
-  // In place: `delta` (the provider's own δ for the round) becomes the forecast θ_pub − lr·step
-  // of OuterOptimizer::step with δ for Δ, and the momentum takes δ in as the head's takes Δ.
-  void predict(const torch::Tensor& theta_pub, torch::Tensor& delta);
-  // The round's θ_pub has come in, `miss` = forecast − θ_pub: the momentum takes the head's Δ
-  // in place of δ. The step is linear in Δ, so Δ − δ = miss / (lr · (1 + μ)) with Nesterov
-  // (miss / lr without).
-  void correct(const torch::Tensor& miss);
-  // Forget the momentum (a provider redirected or resynchronised: θ_pub jumped).
-  void reset();
-  const torch::Tensor& momentum() const { return momentum_; }
-
- private:
-  int64_t averaged_from_;
-  double lr_, mu_;
-  bool nesterov_;
-  torch::Tensor momentum_;  // undefined when μ = 0
-};
-
 }  // namespace xloco::outer

@@ -286,9 +286,7 @@ class ProviderRun {
     }
     if (leader_ && delayed_) {
       spdlog::info("provider {}: outer.overlap = delayed: it trains the next round while the "
-                   "last one's update is on its way{}", opts.name,
-                   cfg.outer.lookahead ? ", from where it expects that update to take theta_pub" : "");
-      if (cfg.outer.lookahead) forecast_.emplace(cfg.outer, trainer_->layout().numel, trainer_->layout().buffers_offset);
+                   "last one's update is on its way", opts.name);
     }
   }
 
@@ -341,13 +339,9 @@ class ProviderRun {
       }
       group_.broadcast(trainer_->params());
       if (leader_ && delayed_) {
-        // The base its progress is measured from: θ_pub, or until the fold the θ_pub it
-        // expects (the chained start; with outer.lookahead, finish_round's forecast, in base_
-        // already). A round that is not chained follows a jump of θ_pub (a redirect, a
-        // resync): the forecast's momentum starts again.
+        // The base its progress is measured from: θ_pub, or the chained start until the fold.
         if (!base_.defined()) base_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
-        if (!(chained && forecast_)) base_.copy_(trainer_->params());
-        if (!chained && forecast_) forecast_->reset();
+        base_.copy_(trainer_->params());
       }
     }
     chained_ = chained;
@@ -358,7 +352,6 @@ class ProviderRun {
     double waited_s = 0;  // for the update, at the fold: idle, not compute
     bool folded = !chained;
     folded_at_ = -1;
-    fold_miss_ = 0;
     const int64_t first = static_cast<int64_t>(r - 1) * cfg_.outer.inner_steps;
     int64_t done = 0;
     double step_s = 0;  // the last step's wall time (a fold's wait excluded)
@@ -438,12 +431,11 @@ class ProviderRun {
     // While the contribution goes out and the head closes the round: keep what a restart
     // would otherwise lose, on a thread of its own (joined before the next round trains).
     save_state(r, base_hash);
-    if (forecast_ && chains_next_round(r, cfg_)) start_from_forecast();
     // Per round: its compute, and the time it spent not computing before it (sending,
     // waiting for the round to close, receiving the update), with the bytes behind them.
     metrics_.write({{"round_done", r}, {"compute_s", compute_s_}, {"idle_s", idle_s_},
                     {"steps", steps_done_}, {"tokens", tokens_}, {"chained", chained_},
-                    {"folded_at", folded_at_}, {"fold_miss", fold_miss_},
+                    {"folded_at", folded_at_},
                     {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
                     {"state_save_s", last_save_s_.load()}, {"state_wait_s", state_wait_s_}});
     down_at_end_ = down0;
@@ -482,27 +474,10 @@ class ProviderRun {
       host.sub_(base_).add_(theta_pub_);
       if (keep_local_ > 0) host.add_(base_, keep_local_).sub_(theta_pub_, keep_local_);
       if (!theta.is_cpu()) theta.copy_(host);
-      // How far the θ_pub it expected was from the one that came: what the fold moved it by,
-      // over 1 − keep_local (its metric `fold_miss`); the forecast learns the head's Δ from it.
-      base_.sub_(theta_pub_);
-      fold_miss_ = base_.norm().item<double>();
-      if (forecast_) forecast_->correct(base_);
       base_.copy_(theta_pub_);
     }
     group_.broadcast(theta);
     return {};
-  }
-
-  // outer.lookahead, after round r's contribution (δ in base_) when round r + 1 runs chained:
-  // base_ becomes the forecast of θ_pub(r), and round r + 1 starts from it as the fold will
-  // place it, forecast + keep_local · (θ − forecast), θ being where round r ended.
-  void start_from_forecast() {
-    torch::NoGradGuard guard;
-    forecast_->predict(theta_pub_, base_);
-    torch::Tensor& theta = trainer_->params();
-    torch::Tensor host = theta.is_cpu() ? theta : theta.to(torch::kCPU);
-    host.mul_(keep_local_).add_(base_, 1 - keep_local_);
-    if (!theta.is_cpu()) theta.copy_(host);
   }
 
   // Whether round r − 1's update (and the head's ROUND_START after it) has come in, without
@@ -734,9 +709,6 @@ class ProviderRun {
   double compute_s_ = 0, idle_s_ = 0, state_wait_s_ = 0;
   bool chained_ = false;  // the round in hand started before the head confirmed it
   int64_t folded_at_ = -1;  // the step its fold came at (-1: not chained)
-  double fold_miss_ = 0;    // ‖expected θ_pub − θ_pub‖ at that fold
-  // The leader's, with outer.lookahead: its forecast of the head's outer step (outer_opt.h).
-  std::optional<UpdateForecast> forecast_;
   std::optional<uint64_t> pending_round_;  // the leader's: a ROUND_START polled before its fold
   std::future<void> saving_;
   std::atomic<double> last_save_s_{0};  // the last save's own time (written by its thread)

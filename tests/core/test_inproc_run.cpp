@@ -248,9 +248,6 @@ void head_restart(common::Overlap overlap) {
   ThreadedRun run(std::string("thr-restart-") + common::to_string(overlap), 3);
   run.cfg.outer.head_timeout_s = 30;
   run.cfg.outer.overlap = overlap;
-  // Delayed providers forecast the update (outer.lookahead): the forecast starts again when
-  // they are redirected to the round the restarted head is at.
-  run.cfg.outer.lookahead = overlap == common::Overlap::kDelayed;
   auto head = run.head();
   outer::Head* first = head.get();
   run.on_round = [&](const outer::RoundRecord& r) {
@@ -407,7 +404,7 @@ TEST_SUITE("inproc_run") {
     head_restart(common::Overlap::kNone);
   }
 
-  TEST_CASE("outer.overlap = delayed, outer.lookahead: the head restarted from its checkpoint; providers drop the round they trained ahead, rejoin, and theta_pub agrees everywhere") {
+  TEST_CASE("outer.overlap = delayed: the head restarted from its checkpoint; providers drop the round they trained ahead, rejoin, and theta_pub agrees everywhere") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
@@ -415,14 +412,13 @@ TEST_SUITE("inproc_run") {
     head_restart(common::Overlap::kDelayed);
   }
 
-  TEST_CASE("outer.overlap = delayed, outer.lookahead: providers train ahead of the head; one joining at round 3 counts from the round after, and theta_pub agrees everywhere") {
+  TEST_CASE("outer.overlap = delayed: providers train ahead of the head; one joining at round 3 counts from the round after, and theta_pub agrees everywhere") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
     ThreadedRun run("thr-delayed-join", 3);
     run.cfg.outer.overlap = common::Overlap::kDelayed;
-    run.cfg.outer.lookahead = true;  // the joiner's forecast starts without the head's momentum
     run.cfg.outer.min_providers = 2;
     run.cfg.outer.start_grace_s = 0;  // round 1 starts with the two there
     auto head = run.head();

@@ -323,99 +323,6 @@ TEST_SUITE("outer") {
     CHECK(test::chained_rounds(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl") == 4);
   }
 
-  TEST_CASE("UpdateForecast: the head's step bit for bit from the provider's own delta; corrected by the miss, its momentum is the head's") {
-    struct Variant { double mu; bool nesterov; };
-    for (const auto v : {Variant{0.9, true}, Variant{0.8, false}, Variant{0, true}}) {
-      CAPTURE(v.mu);
-      CAPTURE(v.nesterov);
-      common::OuterConfig c;
-      c.momentum = v.mu;
-      c.nesterov = v.nesterov;
-      const int64_t n = 1000, averaged_from = 900;  // the last 100: buffers, θ ← θ − Δ
-      torch::manual_seed(11);
-      // One provider: Δ = δ, and the forecast is the head's θ_pub exactly.
-      {
-        outer::OuterOptimizer head(c, n, averaged_from);
-        outer::UpdateForecast f(c, n, averaged_from);
-        torch::Tensor theta = torch::randn({n});
-        for (int r = 0; r < 4; ++r) {
-          const torch::Tensor delta = torch::randn({n}) * 0.01;
-          torch::Tensor forecast = delta.clone();
-          f.predict(theta, forecast);
-          head.step(theta, delta);
-          CHECK(torch::equal(forecast, theta));
-          f.correct(forecast - theta);
-          if (v.mu != 0) CHECK(torch::equal(f.momentum(), head.momentum().narrow(0, 0, averaged_from)));
-        }
-      }
-      // Several providers: the head steps along their average, not this one's δ. The forecast
-      // misses; corrected by the miss, the momentum is the head's (to rounding), uncorrected not.
-      {
-        outer::OuterOptimizer head(c, n, averaged_from);
-        outer::UpdateForecast f(c, n, averaged_from), uncorrected(c, n, averaged_from);
-        torch::Tensor theta = torch::randn({n});
-        double worst_miss = 0;
-        for (int r = 0; r < 4; ++r) {
-          const torch::Tensor delta = torch::randn({n}) * 0.01;
-          const torch::Tensor average = delta + torch::randn({n}) * 0.01;
-          torch::Tensor forecast = delta.clone(), other = delta.clone();
-          f.predict(theta, forecast);
-          uncorrected.predict(theta, other);
-          head.step(theta, average);
-          worst_miss = std::max(worst_miss, (forecast - theta).abs().max().item<double>());
-          f.correct(forecast - theta);
-        }
-        CHECK(worst_miss > 1e-3);
-        if (v.mu != 0) {
-          const auto want = head.momentum().narrow(0, 0, averaged_from);
-          CHECK(torch::allclose(f.momentum(), want, 1e-4, 1e-6));
-          CHECK((uncorrected.momentum() - want).abs().max().item<double>() > 1e-3);
-        }
-      }
-    }
-  }
-
-  TEST_CASE("outer.lookahead, one provider, fp32 links: the forecast is the head's step, so a delayed run follows the synchronous rule") {
-    if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
-    }
-    test::ScratchDir dir("lookahead");
-    // keep_local 0.5: a run that started from the forecast but folded as a plain delayed run
-    // does (moving by θ_pub − its start) would miss the rule by half the forecast's offset.
-    const std::vector<std::string> sets = {
-        "run.dir=" + dir.str(), "run.name=lookahead", "model.d_model=32", "model.n_layer=1",
-        "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
-        "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
-        "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
-        "outer.eval_every=0", "outer.keep_local=0.5", "outer.overlap=delayed",
-        "outer.delay_steps=2", "outer.lookahead=true"};
-    std::string args = " --providers 1 --config " + cfg();
-    for (const auto& kv : sets) args += " --set " + kv;
-    auto l = run_xloco("local" + args);
-    INFO(l.out);
-    REQUIRE(l.code == 0);
-    check_replicas_agree(dir.path / "lookahead", 1);
-    const torch::Tensor got = flat_theta_pub(dir.path / "lookahead/ckpt/round-000005");
-    const auto c = common::load_config(cfg(), sets);
-    const torch::Tensor sync = reference_rule(c, 0), delayed = reference_rule(c, 2);
-    const double to_sync = (got - sync).abs().max().item<double>();
-    const double to_delayed = (got - delayed).abs().max().item<double>();
-    MESSAGE("max |run - synchronous rule| = " << to_sync << "; to the delayed rule without the forecast " << to_delayed);
-    // Rounding apart: the provider's θ_pub is θ_old + the fp32 update, not the head's θ itself.
-    CHECK(to_sync <= 5e-6);
-    CHECK(to_delayed > 100 * std::max(to_sync, 1e-7));
-    // Every round after the first was chained, and each fold found θ_pub where it was forecast.
-    const auto metrics = dir.path / "lookahead/providers/provider-0/metrics/provider-provider-0.jsonl";
-    CHECK(test::chained_rounds(metrics) == 4);
-    for (const auto& m : jsonl(metrics)) {
-      if (m.contains("round_done") && m["chained"].get<bool>()) {
-        CAPTURE(m.dump());
-        CHECK(m["fold_miss"].get<double>() < 1e-5);
-      }
-    }
-  }
-
   TEST_CASE("outer.keep_local: synchronous and delayed, theta follows the rule that keeps a share of the provider's own parameters") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing");
@@ -812,7 +719,7 @@ TEST_SUITE("pace") {
     }
   }
 
-  TEST_CASE("config: overlap and time budgets are checked; overlap and lookahead are not hashed, a run without a budget hashes as before, keep_local only when set") {
+  TEST_CASE("config: overlap and time budgets are checked; overlap is not hashed, a run without a budget hashes as before, keep_local only when set") {
     common::Config c;
     const std::string before = common::config_hash(c);
     nlohmann::json j = common::to_json(c);
@@ -822,12 +729,6 @@ TEST_SUITE("pace") {
     CHECK(common::config_hash(common::parse_config(j)) == before);
     j["outer"]["fold"] = "arrival";
     CHECK(common::config_hash(common::parse_config(j)) == before);
-    j["outer"]["lookahead"] = true;  // likewise
-    CHECK(common::config_hash(common::parse_config(j)) == before);
-    j["outer"]["overlap"] = "none";  // a forecast for rounds that never run ahead: refused
-    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.lookahead"), common::ConfigError);
-    j["outer"]["overlap"] = "delayed";
-    j["outer"]["lookahead"] = false;
     j["outer"]["fold"] = "soon";
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.fold"), common::ConfigError);
     j["outer"]["fold"] = "step";
