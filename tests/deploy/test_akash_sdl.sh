@@ -31,7 +31,10 @@ python3 "$SRC/deploy/akash/render.py" provider --keys "$tmp/keys" --name provide
   --head "$HEAD_ADDR" --image example/xloco:cuda -o "$tmp/provider-0.sdl.yaml"
 # Every {{NAME}} of the templates must be gone. Not a bare '{{': the Z85 alphabet has braces,
 # so a random key holds '{{' in about one render in a hundred.
-for name in $(grep -oh '{{[A-Z_]*}}' "$SRC/deploy/akash/head.yaml" "$SRC/deploy/akash/provider.yaml" | sort -u); do
+# The pattern is render.py's PLACEHOLDER; finding none in the templates is itself a failure.
+names=$(grep -ohE '\{\{[A-Z_]+\}\}' "$SRC/deploy/akash/head.yaml" "$SRC/deploy/akash/provider.yaml" | sort -u || true)
+[ -n "$names" ] || { echo "no {{NAME}} placeholders found in deploy/akash/*.yaml"; exit 1; }
+for name in $names; do
   if grep -nF "$name" "$tmp"/*.sdl.yaml; then echo "placeholder $name left unfilled"; exit 1; fi
 done
 NODE_PATH="$WORK/node_modules" node --test-reporter=spec "$HERE/akash/sdl.test.cjs" \
