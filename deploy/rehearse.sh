@@ -7,11 +7,14 @@
 #   sudo deploy/rehearse.sh [--providers 3] [--rate 100mbit] [--config configs/kjv-tiny-4p.json]
 #                           [--set KEY=VALUE]... [--name RUN] [--xloco build/src/cli/xloco]
 #                           [--rates 100mbit,100mbit,50mbit,10mbit] [--late I:ROUND]
-#                           [--kill I:ROUND:SECONDS]
+#                           [--kill I:ROUND:SECONDS] [--cpus 0.45]
 #
 # --rates gives each provider its own link rate; --late starts provider I only once ROUND rounds
 # have closed (it joins with the full state over its link); --kill SIGKILLs provider I SECONDS
-# after round ROUND closed (mid-transfer of that round's update). Needs root and `ip netns`;
+# after round ROUND closed (mid-transfer of that round's update); --cpus puts each provider in a
+# cgroup of its own capped at that many CPUs (cpu.cfs_quota_us, or cpu.max on cgroup v2), so that
+# providers sharing this machine's cores run at steady, equal speeds as on machines of their own
+# (a test device, like XLOCO_THROTTLE; the head stays uncapped). Needs root and `ip netns`;
 # exits 77 (ctest's "skipped") with the reason when either is missing. Writes runs/RUN/
 # rehearsal.json: the head's last /status (read from provider 0's namespace over its rate-limited
 # link) and the addresses and rates used, and runs/RUN/status_samples.jsonl: /status asked once
@@ -28,6 +31,7 @@ SETS=()
 RATES=""
 LATE=""
 KILL=""
+CPUS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --providers) PROVIDERS=$2; shift 2 ;;
@@ -40,7 +44,8 @@ while [ $# -gt 0 ]; do
     --rates) RATES=$2; shift 2 ;;
     --late) LATE=$2; shift 2 ;;
     --kill) KILL=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --cpus) CPUS=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "rehearse: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +57,23 @@ command -v tc >/dev/null || skip "the tc command is missing (Debian package ipro
 probe="xr-probe-$$"
 ip netns add "$probe" 2>/dev/null || skip "ip netns add failed: this kernel or container does not allow network namespaces"
 ip netns del "$probe"
+# --cpus: one cgroup per provider under CG_BASE, cgroup v1's cpu hierarchy or v2's root.
+CG_BASE=""
+CG_QUOTA=""
+if [ -n "$CPUS" ]; then
+  [[ "$CPUS" =~ ^[0-9]*\.?[0-9]+$ ]] || { echo "rehearse: --cpus '$CPUS' must be a positive number of CPUs, e.g. 0.45" >&2; exit 2; }
+  CG_QUOTA=$(awk -v c="$CPUS" 'BEGIN { printf "%d", c * 100000 }')
+  [ "$CG_QUOTA" -ge 1000 ] || { echo "rehearse: --cpus '$CPUS' is below 0.01 CPU" >&2; exit 2; }
+  if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+    CG_BASE=/sys/fs/cgroup/cpu
+  elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    CG_BASE=/sys/fs/cgroup
+    grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control || echo +cpu > /sys/fs/cgroup/cgroup.subtree_control \
+      || skip "--cpus: cannot enable the cpu controller in /sys/fs/cgroup/cgroup.subtree_control"
+  else
+    skip "--cpus needs the cgroup cpu controller (cgroup v1 /sys/fs/cgroup/cpu, or v2's cpu.max)"
+  fi
+fi
 [ -x "$XLOCO" ] || { echo "rehearse: no xloco binary at $XLOCO (build first, or pass --xloco)" >&2; exit 2; }
 XLOCO=$(realpath "$XLOCO")
 CONFIG=$(realpath "$CONFIG")
@@ -72,6 +94,9 @@ cleanup() {
   sleep 1
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   for ns in $(ip netns list | awk '{print $1}' | grep "^$P-" || true); do ip netns del "$ns" || true; done
+  if [ -n "$CG_BASE" ]; then
+    for cg in "$CG_BASE/$P"-p*; do [ -d "$cg" ] && { rmdir "$cg" 2>/dev/null || { sleep 1; rmdir "$cg" || true; }; }; done
+  fi
   # Files a sudo user's rehearsal wrote stay theirs.
   if [ -n "${SUDO_USER:-}" ] && [ -d "$RUN_DIR" ]; then chown -R "$SUDO_USER" "$RUN_DIR" || true; fi
 }
@@ -141,7 +166,7 @@ SET_CSV=$(IFS=,; echo "run.name=$NAME,outer.providers=$PROVIDERS,outer.min_provi
 http_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')  # the status port is beyond loopback
 common_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="${HOME:-/root}"
             XLOCO_CONFIG="$CONFIG" XLOCO_SET="$SET_CSV")
-echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $(IFS=,; echo "${PROVIDER_RATES[*]}") each way, run $RUN_DIR"
+echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $(IFS=,; echo "${PROVIDER_RATES[*]}") each way${CPUS:+, $CPUS CPUs each}, run $RUN_DIR"
 ip netns exec "$HEAD_NS" "${common_env[@]}" \
   XLOCO_BIND="tcp://0.0.0.0:$ZMQ_PORT" XLOCO_ADVERTISE="tcp://$HEAD_ADDR:$ZMQ_PORT" \
   XLOCO_HTTP="0.0.0.0:$HTTP_PORT" XLOCO_HTTP_TOKEN="$http_token" XLOCO_KEY="$(cat "$keys/head.key")" \
@@ -152,7 +177,20 @@ pids+=("$head_pid")
 declare -A provider_pid
 start_provider() {
   local i=$1
-  ip netns exec "$P-p$i" "${common_env[@]}" \
+  local in_cgroup=()
+  if [ -n "$CG_BASE" ]; then
+    local cg="$CG_BASE/$P-p$i"
+    mkdir -p "$cg" || { echo "rehearse: --cpus: cannot create the cgroup $cg" >&2; exit 2; }
+    if [ -f "$cg/cpu.max" ]; then
+      echo "$CG_QUOTA 100000" > "$cg/cpu.max"
+    else
+      echo 100000 > "$cg/cpu.cfs_period_us"
+      echo "$CG_QUOTA" > "$cg/cpu.cfs_quota_us"
+    fi
+    # The shell joins the cgroup, then becomes the provider: no thread starts outside it.
+    in_cgroup=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg")
+  fi
+  "${in_cgroup[@]}" ip netns exec "$P-p$i" "${common_env[@]}" \
     XLOCO_HEAD="tcp://$HEAD_ADDR:$ZMQ_PORT" XLOCO_HEAD_PUB="$(cat "$keys/head.pub")" \
     XLOCO_NAME="provider-$i" XLOCO_SHARD=$i XLOCO_KEY="$(cat "$keys/provider-$i.key")" \
     XLOCO_RANKS_ON_HOST=$((PROVIDERS + 1)) \
@@ -217,9 +255,17 @@ rc=$?
 set -e
 [ -n "$last_status" ] || last_status=null
 rates_json=$(printf '"%s",' "${PROVIDER_RATES[@]}")
+# With --cpus: how many 100 ms periods each provider's cgroup was held back at its cap.
+throttled_json=""
+if [ -n "$CG_BASE" ]; then
+  for i in $(seq 0 $((PROVIDERS - 1))); do
+    n=$(awk '$1 == "nr_throttled" { print $2 }' "$CG_BASE/$P-p$i/cpu.stat" 2>/dev/null || true)
+    throttled_json+="${n:-null},"
+  done
+fi
 cat > "$RUN_DIR/rehearsal.json" <<EOF
 {"rate": "$RATE", "rates": [${rates_json%,}], "head_address": "$HEAD_ADDR", "providers": $PROVIDERS,
- "head_exit": $rc, "late": "$LATE", "kill": "$KILL", "status": $last_status}
+ "head_exit": $rc, "late": "$LATE", "kill": "$KILL", "cpus": "$CPUS", "cpu_throttled_periods": [${throttled_json%,}], "status": $last_status}
 EOF
 if [ "$last_status" != null ]; then
   echo "rehearse: the head's last status, read from provider-0's namespace:"

@@ -20,6 +20,9 @@ Plan entries (see experiments/plans/quick.json):
   init      {"run": NAME, "step": S}: warm start the head from that train run's step-S checkpoint
   kill      {"provider": "provider-1", "after_round": N}: kill -9 that provider after round N
   rate      link rate for kind netns, e.g. "100mbit"
+  cpus      kind netns: cap each provider at this many CPUs, each in a cgroup of its own
+            (rehearse.sh --cpus), so that providers sharing the cores run at steady, equal
+            speeds as on machines of their own (a test device, like XLOCO_THROTTLE)
   env       {NAME: value}: environment of the run's processes (kind local), e.g. the test device
             {"XLOCO_THROTTLE": "provider-3=4"} that makes provider-3 4x slower
   score     image models: {"classifier": RUN, "images": N, "grid": G, "eval_batch_size": B,
@@ -147,6 +150,8 @@ class Runner:
             cmd = ["bash", str(ROOT / "deploy/rehearse.sh"), "--xloco", self.xloco, "--config",
                    str(ROOT / e["config"]), "--name", name, "--rate", e["rate"], "--providers",
                    str(get(resolved_config(self.xloco, e["config"], e.get("set", {})), "outer.providers"))]
+            if "cpus" in e:
+                cmd += ["--cpus", str(e["cpus"])]
             for k, v in cfg_overrides.items():
                 if k not in ("run.name", "outer.providers"):
                     cmd += ["--set", f"{k}={v}"]
@@ -337,6 +342,8 @@ def collect(runner, e, extra):
     r.update(provider_busy(run_dir))
     if e["kind"] == "netns":
         r["rate"] = e["rate"]
+        if "cpus" in e:
+            r["cpus"] = e["cpus"]
         reh = json.loads((run_dir / "rehearsal.json").read_text())
         r["addresses"] = sorted(p.get("address", "") for p in (reh.get("status") or {}).get("providers", []))
     return r

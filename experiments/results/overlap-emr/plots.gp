@@ -8,4 +8,4 @@ set logscale x
 set ylabel 'inner compute / (compute + waiting) (%)'
 set yrange [*:100.5]
 set key bottom right
-plot 'plot-data/utilization-0.dat' using 1:2 with linespoints lw 2 pt 7 title 'K=4 H=50 int8, overlap none, keep_local 0.5, outer momentum 0.8', 'plot-data/utilization-1.dat' using 1:2 with linespoints lw 2 pt 7 title 'K=4 H=50 int8, delayed, folded on arrival, keep_local 0.5, outer momentum 0.8', 97 dt 2 lc rgb 'red' title '97 %'
+plot 'plot-data/utilization-0.dat' using 1:2 with linespoints lw 2 pt 7 title 'K=4 H=50 int8, overlap none, keep_local 0.5, outer momentum 0.8', 'plot-data/utilization-1.dat' using 1:2 with linespoints lw 2 pt 7 title 'K=4 H=50 int8, delayed, folded on arrival, keep_local 0.5, outer momentum 0.8', 'plot-data/utilization-2.dat' using 1:2 with linespoints lw 2 pt 7 title 'K=4 H=50 int8, overlap none, keep_local 0.5, outer momentum 0.8, each provider capped at 0.45 CPU', 'plot-data/utilization-3.dat' using 1:2 with linespoints lw 2 pt 7 title 'K=4 H=50 int8, delayed, folded on arrival, keep_local 0.5, outer momentum 0.8, each provider capped at 0.45 CPU', 97 dt 2 lc rgb 'red' title '97 %'
