@@ -17,8 +17,9 @@
 # (a test device, like XLOCO_THROTTLE; the head stays uncapped). Needs root and `ip netns`;
 # exits 77 (ctest's "skipped") with the reason when either is missing. Writes runs/RUN/
 # rehearsal.json: the head's last /status (read from provider 0's namespace over its rate-limited
-# link) and the addresses and rates used, and runs/RUN/status_samples.jsonl: /status asked once
-# a second from there, with how long each answer took. Exit code: the head's.
+# link), the addresses and rates used (and with --cpus each provider cgroup's throttled periods),
+# and runs/RUN/status_samples.jsonl: /status asked once a second from there, with how long each
+# answer took. Exit code: the head's.
 set -euo pipefail
 
 PROVIDERS=3
