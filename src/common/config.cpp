@@ -107,6 +107,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
   v("outer.fold", c.outer.fold, Named{});
   v("outer.keep_local", c.outer.keep_local, Range{0, 0.99});
+  v("outer.fragments", c.outer.fragments, Range{1, 1e6});
   v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
   v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
 }
@@ -267,6 +268,9 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.delay_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.delay_steps = {} exceeds outer.inner_steps = {} (the update of a "
                 "round is folded in within the next one)", c.outer.delay_steps, c.outer.inner_steps);
+  XLOCO_ENFORCE(c.outer.fragments == 1 || c.outer.round_budget_s == 0, ConfigError,
+                "config: outer.fragments = {} needs rounds of fixed steps (outer.round_budget_s = "
+                "{}, not 0)", c.outer.fragments, c.outer.round_budget_s);
   XLOCO_ENFORCE(c.outer.min_inner_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.min_inner_steps = {} exceeds outer.inner_steps = {} (the most steps "
                 "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);
@@ -398,6 +402,7 @@ std::string config_hash(const Config& c) {
   // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
   if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
   if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise
+  if (c.outer.fragments == 1) j["outer"].erase("fragments");    // likewise; others must agree
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");
     j["outer"].erase("min_inner_steps");

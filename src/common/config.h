@@ -133,6 +133,12 @@ struct OuterConfig {
   // round starts from θ_pub. A provider that joins, resynchronises or is redirected starts
   // from θ_pub.
   double keep_local = 0;
+  // Streaming DiLoCo's fragments (arXiv 2501.18512): the model's parameter tensors in this many
+  // contiguous groups of about equal size, and round r syncs group (r − 1) mod fragments only,
+  // so a round's frames are 1/fragments of the model and each parameter is synced every
+  // fragments × inner_steps steps. Between its syncs a group keeps the provider's progress.
+  // With "delayed" the update comes back 1/fragments as late. 1: every round syncs all.
+  int fragments = 1;
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.

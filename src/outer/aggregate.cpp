@@ -35,9 +35,12 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, double bound,
 Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound)
     : layout_(layout), norm_bound_(norm_bound) {}
 
-void Aggregator::begin(std::vector<std::string> order, uint64_t allowance) {
+void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
+                       const common::FlatLayout* part, size_t part_index) {
   allowance_ = allowance;
-  if (!accepted_.empty()) history_ = std::exchange(accepted_, {});
+  if (!accepted_.empty()) history_[part_index_] = std::exchange(accepted_, {});
+  part_ = part;
+  part_index_ = part_index;
   order_.clear();
   for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt});
   next_ = 0;
@@ -108,7 +111,8 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
 }
 
 std::vector<double> Aggregator::reference_for(const Entry& e) const {
-  std::vector<double> out = history_;
+  const auto h = history_.find(part_index_);
+  std::vector<double> out = h == history_.end() ? std::vector<double>{} : h->second;
   for (const auto& other : order_) {
     if (&other != &e && other.norm) out.push_back(*other.norm);
   }
@@ -125,12 +129,14 @@ std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
   // head never holds Δ and a full fp32 state in flight at the same time at start-up.
   if (!delta_.defined()) delta_ = torch::empty({layout_.numel}, torch::kFloat32);
   if (added_ == 0) delta_.zero_();
+  const common::FlatLayout& part = part_ != nullptr ? *part_ : layout_;
   try {
     if (w == 1.0) {
-      decoder_.decode_add(frame.data(), frame.size(), compress::refs(layout_, delta_));
+      decoder_.decode_add(frame.data(), frame.size(), compress::refs(part, delta_));
     } else {
       if (!scratch_.defined()) scratch_ = torch::empty_like(delta_);
-      decoder_.decode(frame.data(), frame.size(), compress::refs(layout_, scratch_));
+      if (part_ != nullptr) scratch_.zero_();  // the other fragments' elements: not in this frame
+      decoder_.decode(frame.data(), frame.size(), compress::refs(part, scratch_));
       delta_.add_(scratch_, w);
     }
   } catch (const compress::FrameError& ex) {

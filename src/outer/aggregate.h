@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,7 +56,11 @@ class Aggregator {
 
   // Starts a round: `order` lists every provider expected to contribute, in adding order.
   // `allowance`: the most tokens a contribution's weight counts (round_token_allowance).
-  void begin(std::vector<std::string> order, uint64_t allowance = 0);
+  // `part`: the tensors this round's frames carry (outer.fragments: the round's fragment,
+  // sync.h; null: the whole layout) and its index, which keeps each fragment's norms apart:
+  // a contribution is compared with the last round's of the same fragment.
+  void begin(std::vector<std::string> order, uint64_t allowance = 0,
+             const common::FlatLayout* part = nullptr, size_t part_index = 0);
   // A contribution whose frame structure has been checked against the layout. It is added
   // now if every provider ahead of it has been added or skipped, else it waits.
   [[nodiscard]] std::vector<Rejected> add(const std::string& peer, net::Frame frame,
@@ -69,7 +74,8 @@ class Aggregator {
   // Norms of the contributions accepted into Δ, in adding order (this round's, until begin()).
   const std::vector<double>& accepted_norms() const { return accepted_; }
   size_t held_bytes() const;               // compressed frames waiting for their turn
-  torch::Tensor& delta() { return delta_; }  // Δ after finish(); defined once anything was added
+  // Δ after finish(); defined once anything was added. With a fragment only its tensors hold Δ.
+  torch::Tensor& delta() { return delta_; }
 
  private:
   enum class Slot { kExpected, kHeld, kDone };
@@ -87,7 +93,10 @@ class Aggregator {
   const common::FlatLayout& layout_;
   const double norm_bound_;
   std::vector<double> accepted_;  // this round's accepted norms
-  std::vector<double> history_;   // the last round's that accepted any
+  // Per fragment: the accepted norms of its last round that accepted any.
+  std::map<size_t, std::vector<double>> history_;
+  const common::FlatLayout* part_ = nullptr;  // this round's tensors (null: layout_)
+  size_t part_index_ = 0;
   compress::Decoder decoder_;
   std::vector<Entry> order_;
   size_t next_ = 0;          // first entry not yet added or skipped

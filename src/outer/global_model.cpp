@@ -31,6 +31,7 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       down_enc_(downlink_codec(config.outer)),
       state_enc_(full_state_codec()) {
   opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel, layout().buffers_offset);
+  fragments_ = split_fragments(layout(), config.outer.fragments);
   if (!init.empty()) {
     evaluator_->load_model(inner::load_init_weights(init));
     spdlog::info("warm start from {}", init);
@@ -106,7 +107,8 @@ std::optional<GlobalModel::Evaluation> GlobalModel::end_evaluation(bool wait, bo
   if (eval_error_) std::rethrow_exception(std::exchange(eval_error_, nullptr));
   Evaluation e{pub_round_, std::exchange(eval_result_, std::nullopt)};
   if (!pending_.empty()) {
-    apply_update(dec_, pending_.data(), pending_.size(), config_.outer, theta_pub(), layout());
+    apply_update(dec_, pending_.data(), pending_.size(), config_.outer, theta_pub(),
+                 fragment(pub_round_ + 1).layout);
     last_update_ = std::exchange(pending_, {});
     state_owner_.reset();
     ++pub_round_;
@@ -129,25 +131,30 @@ GlobalModel::Closed GlobalModel::close_round() {
   Closed out;
   out.rejected = aggregator_.finish();
   torch::Tensor& delta = aggregator_.delta();
+  const Fragment& part = fragment(pub_round_ + 1);  // the round closing
   if (aggregator_.added() > 0) {
-    if (const auto at = opt_->non_finite_at(theta_true_, delta)) {
+    if (const auto at = opt_->non_finite_at(theta_true_, delta, part.begin, part.end)) {
       const auto& slot = layout().slot_at(*at);
       out.discarded = fmt::format(
           "the outer step would make {}[{}] non-finite (Δ there {}, θ {}): round discarded, θ and "
           "the momentum kept",
           slot.name, *at - slot.offset, delta[*at].item<float>(), theta_true_[*at].item<float>());
     } else {
-      opt_->step(theta_true_, delta);
+      opt_->step(theta_true_, delta, part.begin, part.end);
     }
   }
 
+  // The update carries the round's fragment alone; the other fragments' downlink residuals
+  // (θ_true − θ_pub there) wait for their own rounds.
   std::vector<uint8_t> frame;
   if (config_.outer.codec_down == common::CodecKind::kFp32) {
-    compress::encode(down_enc_, layout(), theta_true_, frame);
+    compress::encode(down_enc_, part.layout, theta_true_, frame);
   } else {
     if (!delta.defined()) delta = torch::empty_like(theta_true_);
-    torch::sub_out(delta, theta_true_, theta_pub());  // Δ is spent: reuse its memory
-    compress::encode(down_enc_, layout(), delta, frame);
+    auto d = delta.narrow(0, part.begin, part.numel());  // Δ is spent: reuse its memory
+    torch::sub_out(d, theta_true_.narrow(0, part.begin, part.numel()),
+                   theta_pub().narrow(0, part.begin, part.numel()));
+    compress::encode(down_enc_, part.layout, delta, frame);
   }
   out.update = net::Frame(std::move(frame));
   out.deferred = evaluating();
@@ -155,7 +162,7 @@ GlobalModel::Closed GlobalModel::close_round() {
     pending_ = out.update;  // θ_pub is being read: the update waits for the evaluation to end
     return out;
   }
-  apply_update(dec_, out.update.data(), out.update.size(), config_.outer, theta_pub(), layout());
+  apply_update(dec_, out.update.data(), out.update.size(), config_.outer, theta_pub(), part.layout);
   last_update_ = out.update;  // the previous round's is stale now: never hold two
   state_owner_.reset();       // so is a full state of the old θ_pub
   ++pub_round_;

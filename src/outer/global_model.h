@@ -36,6 +36,7 @@
 #include "outer/documents.h"
 #include "outer/membership.h"
 #include "outer/outer_opt.h"
+#include "outer/sync.h"
 
 namespace xloco::outer {
 
@@ -45,6 +46,12 @@ class GlobalModel {
   GlobalModel(const common::Config& config, const std::string& init);
 
   const common::FlatLayout& layout() const { return evaluator_->layout(); }
+  // The tensors round r syncs (outer.fragments, sync.h): its contributions and its update
+  // carry these alone, and its outer step moves only them.
+  const Fragment& fragment(uint64_t round) const {
+    return fragments_[fragment_index(round, fragments_.size())];
+  }
+  size_t fragment_count() const { return fragments_.size(); }
   torch::Tensor& theta_pub() { return evaluator_->params(); }
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
   // The largest codec frame of this model: every parameter in fp32 plus header and tables.
@@ -120,6 +127,7 @@ class GlobalModel {
   std::unique_ptr<inner::InnerTrainer> evaluator_;  // its params() are θ_pub
   torch::Tensor theta_true_;
   std::unique_ptr<OuterOptimizer> opt_;
+  std::vector<Fragment> fragments_;
   Aggregator aggregator_;
   compress::Encoder down_enc_, state_enc_;
   compress::Decoder dec_;

@@ -120,7 +120,9 @@ void Head::Impl::start_round() {
   in_round = true;
   last_wait_reason.clear();
   ledger.new_round();
-  model.aggregator().begin(aggregation_order(round, members), round_token_allowance(cfg, round.round));
+  model.aggregator().begin(aggregation_order(round, members), round_token_allowance(cfg, round.round),
+                           &model.fragment(round.round).layout,
+                           fragment_index(round.round, model.fragment_count()));
   const std::set<std::string> to_start = round.active;  // a failed send edits round.active
   for (const auto& p : to_start) send(p, net::RoundStart{}, round.round);
 }

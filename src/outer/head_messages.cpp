@@ -131,7 +131,7 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
 void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c) {
   const auto v = judge_contribution(peer, r, c.tokens, round_token_allowance(cfg, r), members,
                                     in_round ? &round : nullptr, done_rounds,
-                                    frame_problem(c.payload, model.layout(), cfg.outer));
+                                    frame_problem(c.payload, model.fragment(r).layout, cfg.outer));
   if (opts.observer.contribution) opts.observer.contribution(peer, r, v);
   if (v.action == ContributionAction::kRefuse) {
     if (in_round && r == round.round && round.active.count(peer)) {

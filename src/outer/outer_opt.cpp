@@ -40,18 +40,24 @@ void OuterOptimizer::apply_range(torch::Tensor& theta, torch::Tensor& momentum,
   theta.narrow(0, stepped, n - stepped).sub_(delta.narrow(0, stepped, n - stepped));
 }
 
-void OuterOptimizer::step(torch::Tensor& theta, const torch::Tensor& delta) {
+void OuterOptimizer::step(torch::Tensor& theta, const torch::Tensor& delta, int64_t begin,
+                          int64_t end) {
   torch::NoGradGuard guard;
-  apply_range(theta, momentum_, delta, 0);
+  if (begin == 0 && end == theta.numel()) {
+    apply_range(theta, momentum_, delta, 0);
+    return;
+  }
+  auto t = theta.narrow(0, begin, end - begin), m = momentum_.narrow(0, begin, end - begin);
+  apply_range(t, m, delta.narrow(0, begin, end - begin), begin);
 }
 
 std::optional<int64_t> OuterOptimizer::non_finite_at(const torch::Tensor& theta,
-                                                     const torch::Tensor& delta) const {
+                                                     const torch::Tensor& delta, int64_t begin,
+                                                     int64_t end) const {
   torch::NoGradGuard guard;
   constexpr int64_t kChunk = int64_t{1} << 20;
-  const int64_t n = theta.numel();
-  for (int64_t o = 0; o < n; o += kChunk) {
-    const int64_t c = std::min(kChunk, n - o);
+  for (int64_t o = begin; o < end; o += kChunk) {
+    const int64_t c = std::min(kChunk, end - o);
     const auto d = delta.narrow(0, o, c);
     auto t = theta.narrow(0, o, c).clone();
     auto m = momentum_.narrow(0, o, c).clone();

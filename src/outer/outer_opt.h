@@ -17,11 +17,19 @@ class OuterOptimizer {
   // Elements from `averaged_from` on (a model's float buffers: batch-norm statistics) are set to
   // the providers' average, θ ← θ − Δ, with no momentum; -1 = none.
   OuterOptimizer(const common::OuterConfig& config, int64_t numel, int64_t averaged_from = -1);
-  void step(torch::Tensor& theta, const torch::Tensor& delta);
-  // The first flat index at which step(theta, delta) would leave θ or the momentum non-finite
-  // (or at which Δ is), computed chunk by chunk with the same operations as step() and written
-  // nowhere; nullopt when the step is sound. A round that fails it is discarded (design §7).
-  std::optional<int64_t> non_finite_at(const torch::Tensor& theta, const torch::Tensor& delta) const;
+  void step(torch::Tensor& theta, const torch::Tensor& delta) { step(theta, delta, 0, theta.numel()); }
+  // The step on the flat elements [begin, end) only (a fragment, outer.fragments): θ, Δ and
+  // the momentum elsewhere are neither read nor written.
+  void step(torch::Tensor& theta, const torch::Tensor& delta, int64_t begin, int64_t end);
+  // The first flat index in [begin, end) at which step(theta, delta, begin, end) would leave θ
+  // or the momentum non-finite (or at which Δ is), computed chunk by chunk with the same
+  // operations as step() and written nowhere; nullopt when the step is sound. A round that
+  // fails it is discarded (design §7).
+  std::optional<int64_t> non_finite_at(const torch::Tensor& theta, const torch::Tensor& delta,
+                                       int64_t begin, int64_t end) const;
+  std::optional<int64_t> non_finite_at(const torch::Tensor& theta, const torch::Tensor& delta) const {
+    return non_finite_at(theta, delta, 0, theta.numel());
+  }
   torch::Tensor& momentum() { return momentum_; }
 
  private:

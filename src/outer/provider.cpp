@@ -58,6 +58,7 @@ class Leader {
   // sync_for): a provider joining a run at its start builds θ₀ itself and downloads nothing,
   // and one joining a round after it gets that round's update (before the WELCOME) instead.
   inner::Shard join(torch::Tensor& theta_pub, const common::FlatLayout& layout) {
+    fragments_ = split_fragments(layout, cfg_.outer.fragments);
     state_.rejoining = true;  // waiting for a WELCOME: check_head_alive repeats the HELLO
     hello(hash_of(theta_pub));
     spdlog::info("provider {}: HELLO sent to {}", opts_.name, link_.endpoint());
@@ -68,7 +69,7 @@ class Leader {
       auto env = link_.next(std::chrono::milliseconds(200));
       if (!env) continue;
       if (auto* u = std::get_if<net::Update>(&env->body)) {
-        take_update(u->payload, theta_pub, layout);
+        take_update(u->payload, env->round, theta_pub);
         updated = true;
         continue;
       }
@@ -115,7 +116,7 @@ class Leader {
       switch (v.action) {
         case LeaderAction::kRunRound: return env->round;
         case LeaderAction::kApplyUpdate:
-          take_update(std::get<net::Update>(env->body).payload, theta_pub, layout);
+          take_update(std::get<net::Update>(env->body).payload, env->round, theta_pub);
           state_.done_round = env->round;
           break;
         case LeaderAction::kResync: resync(theta_pub, v.reason); break;
@@ -129,12 +130,12 @@ class Leader {
     }
   }
 
-  // Sends δ (flat, CPU) for round r; the encoder keeps what it could not send as its residual.
-  void contribute(uint64_t r, const torch::Tensor& delta, const common::FlatLayout& layout,
-                  uint64_t tokens, double compute_s) {
+  // Sends δ (flat, CPU) for round r, its fragment's tensors only (outer.fragments); the
+  // encoder keeps what it could not send as its residual.
+  void contribute(uint64_t r, const torch::Tensor& delta, uint64_t tokens, double compute_s) {
     torch::NoGradGuard guard;
     std::vector<uint8_t> frame;
-    compress::encode(up_, layout, delta, frame);
+    compress::encode(up_, fragment(r).layout, delta, frame);
     bytes_up_ += static_cast<double>(frame.size());
     tokens_ += tokens;  // reported in the next HELLO
     contributed_ = r;
@@ -154,6 +155,10 @@ class Leader {
   uint64_t done_round() const { return state_.done_round; }
   void set_contributed(uint64_t round) { contributed_ = round; }  // from a resumed saved state
   compress::Encoder& uplink() { return up_; }
+  // The tensors round r syncs (sync.h): all of them unless outer.fragments > 1.
+  const Fragment& fragment(uint64_t r) const {
+    return fragments_[fragment_index(r, fragments_.size())];
+  }
   double bytes_up() const { return bytes_up_; }
   double bytes_down() const { return bytes_down_; }  // updates and states received
 
@@ -174,9 +179,10 @@ class Leader {
     hello(hash_of(theta_pub));
   }
 
-  // θ_pub from the head: an update applied to it, or a full state in its place; both counted.
-  void take_update(const net::Frame& u, torch::Tensor& theta_pub, const common::FlatLayout& layout) {
-    apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, layout);
+  // θ_pub from the head: round r's update applied to it (its fragment's tensors), or a full
+  // state in its place; both counted.
+  void take_update(const net::Frame& u, uint64_t r, torch::Tensor& theta_pub) {
+    apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, fragment(r).layout);
     bytes_down_ += static_cast<double>(u.size());
   }
   void take_state(const net::Frame& state, torch::Tensor& theta_pub, const common::FlatLayout& layout) {
@@ -233,6 +239,7 @@ class Leader {
   Link link_;
   compress::Encoder up_;
   compress::Decoder dec_;
+  std::vector<Fragment> fragments_;  // outer.fragments' groups of this model (set at join)
   LeaderState state_;
   uint64_t tokens_ = 0;
   uint64_t contributed_ = 0;  // the last round it sent a contribution for
@@ -305,6 +312,7 @@ class ProviderRun {
     if (ctrl_[0].item<int64_t>() == kStop) return 0;
     if (ctrl_[2].item<int64_t>() != 0) {
       own_round_ = 0;  // its own parameters belong to another θ_pub now
+      sent_round_ = 0;
       wait_for_save();  // it borrows the moments being replaced
       trainer_->reset_optimizer();  // resynchronised with full state: a fresh AdamW state
       if (leader_) spdlog::info("provider {}: fresh AdamW state after a full-state resync", opts_.name);
@@ -328,7 +336,20 @@ class ProviderRun {
     {
       torch::NoGradGuard guard;
       if (leader_ && !chained) {
-        if (own_round_ != 0 && own_round_ + 1 == r) {
+        if (sent_round_ != 0 && sent_round_ + 1 == r) {
+          // outer.fragments: only the tensors round r − 1 synced take the new θ_pub (with
+          // keep_local's share of their own); the others keep their progress since their sync.
+          const Fragment& f = lead_->fragment(r - 1);
+          torch::Tensor p = trainer_->params().narrow(0, f.begin, f.numel());
+          const torch::Tensor pub = theta_pub_.narrow(0, f.begin, f.numel());
+          if (keep_local_ > 0) {
+            torch::Tensor own = p.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+            own.sub_(pub).mul_(keep_local_).add_(pub);
+            p.copy_(own);
+          } else {
+            p.copy_(pub);
+          }
+        } else if (own_round_ != 0 && own_round_ + 1 == r) {
           // outer.keep_local: from θ_pub + a · (θ_own − θ_pub), θ_own where round r − 1 ended.
           own_.sub_(theta_pub_).mul_(keep_local_).add_(theta_pub_);
           trainer_->params().copy_(own_);
@@ -336,12 +357,20 @@ class ProviderRun {
           trainer_->params().copy_(theta_pub_);
         }
         own_round_ = 0;
+        sent_round_ = 0;
       }
       group_.broadcast(trainer_->params());
       if (leader_ && delayed_) {
         // The base its progress is measured from: θ_pub, or the chained start until the fold.
+        // With outer.fragments only the tensors round r − 1 sent start again; the others'
+        // progress is still measured from the θ_pub of their last fold.
         if (!base_.defined()) base_ = torch::empty({trainer_->layout().numel}, torch::kFloat32);
-        base_.copy_(trainer_->params());
+        if (chained && lead_->fragment(r - 1).numel() != base_.numel()) {
+          const Fragment& f = lead_->fragment(r - 1);
+          base_.narrow(0, f.begin, f.numel()).copy_(trainer_->params().narrow(0, f.begin, f.numel()));
+        } else {
+          base_.copy_(trainer_->params());
+        }
       }
     }
     chained_ = chained;
@@ -410,7 +439,18 @@ class ProviderRun {
     const double up0 = lead_->bytes_up(), down0 = lead_->bytes_down();
     torch::Tensor& theta = trainer_->params();
     torch::Tensor delta;
-    if (delayed_) {
+    const Fragment& f = lead_->fragment(r);
+    if (f.numel() != theta.numel()) {
+      // outer.fragments: δ of this round's tensors only, in a buffer of its own; θ (and the
+      // base, with overlap) lives on, since the other fragments' progress is not sent yet.
+      if (!delta_.defined()) delta_ = torch::empty({theta.numel()}, torch::kFloat32);
+      delta = delta_;
+      auto d = delta.narrow(0, f.begin, f.numel());
+      const torch::Tensor from = delayed_ ? base_ : theta_pub_;
+      torch::sub_out(d, from.narrow(0, f.begin, f.numel()),
+                     theta.narrow(0, f.begin, f.numel()).to(torch::kCPU));
+      if (!delayed_) sent_round_ = r;
+    } else if (delayed_) {
       // δ in the base's memory: θ lives on as the next round's start.
       delta = base_;
       torch::sub_out(delta, base_, theta.is_cpu() ? theta : theta.to(torch::kCPU));
@@ -426,7 +466,7 @@ class ProviderRun {
       delta = theta.is_cpu() ? theta : theta.to(torch::kCPU);
       torch::sub_out(delta, theta_pub_, delta);
     }
-    lead_->contribute(r, delta, trainer_->layout(), tokens_, compute_s_);
+    lead_->contribute(r, delta, tokens_, compute_s_);
     const std::string base_hash = hash_of(theta_pub_);  // θ_pub(r − 1), before the update
     // While the contribution goes out and the head closes the round: keep what a restart
     // would otherwise lose, on a thread of its own (joined before the next round trains).
@@ -469,12 +509,17 @@ class ProviderRun {
     torch::NoGradGuard guard;
     torch::Tensor& theta = trainer_->params();
     if (leader_) {
-      // In place (on a GPU, in its host copy): no model-sized temporaries.
-      torch::Tensor host = theta.is_cpu() ? theta : theta.to(torch::kCPU);
-      host.sub_(base_).add_(theta_pub_);
-      if (keep_local_ > 0) host.add_(base_, keep_local_).sub_(theta_pub_, keep_local_);
-      if (!theta.is_cpu()) theta.copy_(host);
-      base_.copy_(theta_pub_);
+      // In place (on a GPU, in its host copy): no model-sized temporaries. With
+      // outer.fragments only the tensors round r − 1 synced move: θ_pub changed there alone.
+      const Fragment& f = lead_->fragment(r - 1);
+      torch::Tensor part = theta.narrow(0, f.begin, f.numel());
+      torch::Tensor host = part.is_cpu() ? part : part.to(torch::kCPU);
+      const torch::Tensor base = base_.narrow(0, f.begin, f.numel());
+      const torch::Tensor pub = theta_pub_.narrow(0, f.begin, f.numel());
+      host.sub_(base).add_(pub);
+      if (keep_local_ > 0) host.add_(base, keep_local_).sub_(pub, keep_local_);
+      if (!part.is_cpu()) part.copy_(host);
+      base_.narrow(0, f.begin, f.numel()).copy_(pub);
     }
     group_.broadcast(theta);
     return {};
@@ -703,6 +748,10 @@ class ProviderRun {
   // The leader's, synchronous with keep_local > 0: where round own_round_ ended (0: none).
   torch::Tensor own_;
   uint64_t own_round_ = 0;
+  // The leader's, synchronous with outer.fragments > 1: the round whose fragment it sent last
+  // (0: none), and δ's buffer (θ keeps the other fragments' progress).
+  uint64_t sent_round_ = 0;
+  torch::Tensor delta_;
   uint64_t tokens_ = 0;
   int64_t steps_done_ = 0, last_step_ = 0;
   inner::StepStats last_stats_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/error.h"
 #include "compress/torch_adapter.h"
 
 namespace xloco::outer {
@@ -52,6 +53,35 @@ compress::CodecConfig full_state_codec() {
   cc.zstd_level = 0;
   cc.error_feedback = false;
   return cc;
+}
+
+std::vector<Fragment> split_fragments(const common::FlatLayout& layout, int count) {
+  const size_t n = layout.slots.size();
+  XLOCO_ENFORCE(count >= 1 && static_cast<size_t>(count) <= n, common::ConfigError,
+                "config: outer.fragments = {} must be between 1 and the model's {} parameter tensors",
+                count, n);
+  std::vector<Fragment> out(static_cast<size_t>(count));
+  size_t i = 0;
+  int64_t taken = 0;
+  for (size_t g = 0; g < out.size(); ++g) {
+    Fragment& f = out[g];
+    f.layout.numel = layout.numel;
+    f.layout.buffers_offset = layout.buffers_offset;
+    f.begin = layout.slots[i].offset;
+    const size_t reserved = out.size() - g - 1;  // one tensor at least for each group after it
+    const double target = static_cast<double>(layout.numel) * static_cast<double>(g + 1) /
+                          static_cast<double>(count);
+    do {
+      f.layout.slots.push_back(layout.slots[i]);
+      taken += layout.slots[i].numel;
+      ++i;
+      // The next tensor joins while that leaves the cut nearer this group's share.
+    } while (i < n - reserved &&
+             (g + 1 == out.size() ||
+              static_cast<double>(taken) + static_cast<double>(layout.slots[i].numel) / 2 < target));
+    f.end = f.layout.slots.back().offset + f.layout.slots.back().numel;
+  }
+  return out;
 }
 
 void apply_update(compress::Decoder& decoder, const uint8_t* frame, size_t size,

@@ -27,6 +27,23 @@ void apply_update(compress::Decoder& decoder, const uint8_t* frame, size_t size,
                   const common::OuterConfig& c, torch::Tensor& theta_pub,
                   const common::FlatLayout& layout);
 
+// outer.fragments (Streaming DiLoCo, arXiv 2501.18512): the parameter tensors of `layout` cut
+// into `count` groups of consecutive whole tensors, each about 1/count of the elements. A
+// group's layout holds its slots only, at their offsets in the whole flat buffer (its numel is
+// the whole buffer's), so the codec adapter cuts the whole buffer by it and a frame carries
+// that group's tensors alone; [begin, end) is the flat range they cover. count 1: the whole
+// layout. Throws common::ConfigError when the model has fewer tensors than `count`.
+struct Fragment {
+  common::FlatLayout layout;
+  int64_t begin = 0, end = 0;
+  int64_t numel() const { return end - begin; }
+};
+std::vector<Fragment> split_fragments(const common::FlatLayout& layout, int count);
+// The group round r (1-based) syncs: (r − 1) mod count.
+inline size_t fragment_index(uint64_t round, size_t count) {
+  return round == 0 ? 0 : static_cast<size_t>((round - 1) % count);
+}
+
 // The uplink / downlink payload sizes that fp32 data parallel would send for the same steps.
 inline double fp32_bytes(const torch::Tensor& flat) {
   return static_cast<double>(flat.numel()) * 4.0;

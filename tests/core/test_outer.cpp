@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "common/config.h"
@@ -23,6 +24,7 @@
 #include "compress/torch_adapter.h"
 #include "outer/documents.h"
 #include "outer/global_model.h"
+#include "outer/membership.h"
 #include "outer/outer_opt.h"
 #include "outer/aggregate.h"
 #include "outer/pace.h"
@@ -138,6 +140,70 @@ torch::Tensor reference_rule(const common::Config& c, const std::vector<int64_t>
     opt.step(theta, delta);
   }
   return theta;
+}
+
+// Streaming DiLoCo's rule (arXiv 2501.18512) for one provider on fp32 links, from its
+// definition, with the parameters in `parts` (flat ranges [begin, end)): round r syncs part
+// p = (r − 1) mod |parts| only. Each part keeps its own base, the θ_pub its progress is measured
+// from; a round sends δ_p = base_p − x_p, and the head's Nesterov step (written out here, not
+// the OuterOptimizer's) moves θ_p and the momentum's p alone. Synchronous (fold 0): round r
+// starts where round r − 1 ended, except that the part round r − 1 synced takes θ_pub(r − 1)
+// (base_p ← θ_pub). Delayed (fold k): round r's first k steps run before that part moves its
+// progress since round r − 1 ended onto θ_pub: x_p ← θ_pub_p + (x_p − x_end_p), base_p ← θ_pub_p.
+torch::Tensor reference_fragments(const common::Config& c, int64_t fold,
+                                  const std::vector<std::pair<int64_t, int64_t>>& parts) {
+  inner::Group solo{inner::DistOptions{}};
+  inner::InnerTrainer t(c, inner::make_model(c), solo, torch::kCPU);
+  t.set_rng_stream(0);
+  auto data = inner::make_dataset(c, {0, 1});
+  torch::Tensor theta = t.params().detach().clone();
+  torch::Tensor mom = torch::zeros_like(theta);
+  torch::Tensor base = theta.clone();
+  const int64_t H = c.outer.inner_steps, rounds = common::total_rounds(c);
+  const auto F = static_cast<int64_t>(parts.size());
+  const auto sl = [](torch::Tensor& v, std::pair<int64_t, int64_t> p) { return v.narrow(0, p.first, p.second - p.first); };
+  for (int64_t r = 1; r <= rounds; ++r) {
+    std::optional<torch::NoGradGuard> guard(std::in_place);  // off for the training steps
+    torch::Tensor pub = theta.clone();
+    auto prev = parts[static_cast<size_t>((r + F - 2) % F)], cur = parts[static_cast<size_t>((r - 1) % F)];
+    auto x = t.params();
+    const bool chained = fold > 0 && r > 1;
+    if (r == 1) {
+      x.copy_(pub);
+      base.copy_(pub);
+    } else if (!chained) {
+      sl(x, prev).copy_(sl(pub, prev));
+      sl(base, prev).copy_(sl(pub, prev));
+    } else {
+      sl(base, prev).copy_(sl(x, prev));  // where round r − 1 ended
+    }
+    auto fold_in = [&] {
+      sl(x, prev).sub_(sl(base, prev)).add_(sl(pub, prev));
+      sl(base, prev).copy_(sl(pub, prev));
+    };
+    const int64_t n = std::min<int64_t>(H, c.inner.steps - (r - 1) * H);
+    guard.reset();
+    for (int64_t j = 0; j < n; ++j) {
+      if (chained && j == fold) {
+        torch::NoGradGuard g;
+        fold_in();
+      }
+      t.train_step(*data, (r - 1) * H + j);
+    }
+    guard.emplace();
+    if (chained && n <= fold) fold_in();
+    const torch::Tensor d = sl(base, cur) - sl(x, cur);
+    const double lr = c.outer.lr, mu = c.outer.momentum;
+    sl(mom, cur).mul_(mu).add_(d);
+    sl(theta, cur).sub_(d, lr).sub_(sl(mom, cur), lr * mu);  // Nesterov, as PyTorch's SGD
+  }
+  return theta;
+}
+
+common::FlatLayout layout_of(const common::Config& c) {
+  inner::Group solo{inner::DistOptions{}};
+  inner::InnerTrainer t(c, inner::make_model(c), solo, torch::kCPU);
+  return t.layout();
 }
 
 // The same step in every round: `fold` 0 is the synchronous rule.
@@ -358,6 +424,139 @@ TEST_SUITE("outer") {
       MESSAGE(name << ": max |run - rule with keep_local 0.5| = " << to_rule << "; to the rule without it " << to_plain);
       CHECK(to_rule <= 1e-6);
       CHECK(to_plain > 100 * std::max(to_rule, 1e-7));
+    }
+  }
+
+  TEST_CASE("outer.fragments: tensors in contiguous groups of about equal size, each once; more groups than tensors refused") {
+    common::Config c = test::tiny_gpt_config();
+    const auto layout = layout_of(c);
+    const int64_t largest = std::max_element(layout.slots.begin(), layout.slots.end(), [](const auto& a, const auto& b) { return a.numel < b.numel; })->numel;
+    for (const int F : {1, 2, 3, 5, static_cast<int>(layout.slots.size())}) {
+      CAPTURE(F);
+      const auto parts = outer::split_fragments(layout, F);
+      REQUIRE(parts.size() == static_cast<size_t>(F));
+      size_t slot = 0;
+      int64_t at = 0;
+      for (const auto& p : parts) {
+        REQUIRE(!p.layout.slots.empty());
+        CHECK(p.begin == at);
+        CHECK(p.layout.numel == layout.numel);  // cuts the whole buffer
+        for (const auto& s : p.layout.slots) {
+          REQUIRE(slot < layout.slots.size());
+          CHECK(s.name == layout.slots[slot].name);
+          CHECK(s.offset == at);
+          at += s.numel;
+          ++slot;
+        }
+        CHECK(p.end == at);
+        // About 1/F of the elements: off by at most the largest tensor.
+        CHECK(std::abs(static_cast<double>(p.numel()) - static_cast<double>(layout.numel) / F) <= static_cast<double>(largest));
+      }
+      CHECK(slot == layout.slots.size());
+      CHECK(at == layout.numel);
+    }
+    CHECK(outer::fragment_index(1, 3) == 0);
+    CHECK(outer::fragment_index(3, 3) == 2);
+    CHECK(outer::fragment_index(4, 3) == 0);
+    try {
+      outer::split_fragments(layout, static_cast<int>(layout.slots.size()) + 1);
+      FAIL("more groups than tensors accepted");
+    } catch (const common::ConfigError& e) {
+      CHECK(std::string(e.what()).find("outer.fragments") != std::string::npos);
+    }
+    // A time budget and fragments do not go together; fragments are hashed only when set.
+    CHECK_THROWS_AS(common::load_config(cfg(), {"outer.fragments=2", "outer.round_budget_s=5"}), common::ConfigError);
+    const auto plain = common::load_config(cfg(), {}), two = common::load_config(cfg(), {"outer.fragments=2"}),
+               one = common::load_config(cfg(), {"outer.fragments=1"});
+    CHECK(common::config_hash(one) == common::config_hash(plain));
+    CHECK(common::config_hash(two) != common::config_hash(plain));
+  }
+
+  TEST_CASE("outer.fragments: a contribution is judged against its fragment's tensors, and its norm against that fragment's last round") {
+    common::Config c = test::tiny_gpt_config();
+    c.outer.codec_up = common::CodecKind::kFp32;
+    const auto layout = layout_of(c);
+    const auto parts = outer::split_fragments(layout, 2);
+    const auto frame = [&](const outer::Fragment& part, float value) {
+      compress::CodecConfig cc;
+      cc.codec = compress::Codec::kFp32;
+      cc.error_feedback = false;
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> out;
+      compress::encode(enc, part.layout, torch::full({layout.numel}, value), out);
+      return net::Frame(std::move(out));
+    };
+    CHECK(!outer::frame_problem(frame(parts[0], 1), parts[0].layout, c.outer));
+    CHECK(outer::frame_problem(frame(parts[1], 1), parts[0].layout, c.outer));
+    CHECK(outer::frame_problem(frame(parts[0], 1), layout, c.outer));
+    // Round 1 syncs fragment 0 with small values, round 2 fragment 1 with values 100x larger.
+    // Judged against fragment 0's norms they would be refused (norm_bound 10); they are not.
+    outer::Aggregator agg(layout, 10);
+    agg.begin({"a", "b"}, 0, &parts[0].layout, 0);
+    CHECK(agg.add("a", frame(parts[0], 0.01f), 100).empty());
+    CHECK(agg.add("b", frame(parts[0], 0.01f), 100).empty());
+    CHECK(agg.finish().empty());
+    CHECK(agg.added() == 2);
+    // Only fragment 0's tensors hold Δ.
+    CHECK(agg.delta().narrow(0, parts[0].begin, parts[0].numel()).eq(0.01f).all().item<bool>());
+    agg.begin({"a", "b"}, 0, &parts[1].layout, 1);
+    CHECK(agg.add("a", frame(parts[1], 1.0f), 100).empty());
+    CHECK(agg.add("b", frame(parts[1], 1.0f), 100).empty());
+    CHECK(agg.finish().empty());
+    CHECK(agg.added() == 2);
+    CHECK(agg.delta().narrow(0, parts[1].begin, parts[1].numel()).eq(1.0f).all().item<bool>());
+    // Back at fragment 0, a value 100x its last round's is an outlier there.
+    agg.begin({"a", "b"}, 0, &parts[0].layout, 0);
+    const auto refused = agg.add("a", frame(parts[0], 1.0f), 100);
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].code == net::RefusalCode::kOutlier);
+  }
+
+  TEST_CASE("outer.fragments = 2, one provider, fp32 links: theta follows Streaming DiLoCo's rule, synchronous and delayed") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("fragments");
+    for (const bool delayed : {false, true}) {
+      const std::string name = delayed ? "delayed" : "sync";
+      std::vector<std::string> sets = {
+          "run.dir=" + dir.str(), "run.name=" + name, "model.d_model=32", "model.n_layer=1",
+          "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
+          "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
+          "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
+          "outer.eval_every=0", "outer.fragments=2"};
+      if (delayed) {
+        sets.push_back("outer.overlap=delayed");
+        sets.push_back("outer.delay_steps=2");
+      }
+      std::string args = " --providers 1 --config " + cfg();
+      for (const auto& kv : sets) args += " --set " + kv;
+      auto l = run_xloco("local" + args);
+      INFO(l.out);
+      REQUIRE(l.code == 0);
+      check_replicas_agree(dir.path / name, 1);
+      const torch::Tensor got = flat_theta_pub(dir.path / name / "ckpt/round-000005");
+      const auto c = common::load_config(cfg(), sets);
+      const auto split = outer::split_fragments(layout_of(c), 2);
+      const int64_t fold = delayed ? 2 : 0;
+      const torch::Tensor rule = reference_fragments(c, fold, {{split[0].begin, split[0].end}, {split[1].begin, split[1].end}});
+      // The same rule with one part is DiLoCo's (the fragments told apart from no fragments).
+      const torch::Tensor whole = reference_fragments(c, fold, {{0, got.numel()}});
+      REQUIRE(got.numel() == rule.numel());
+      const double to_rule = (got - rule).abs().max().item<double>();
+      const double to_whole = (got - whole).abs().max().item<double>();
+      MESSAGE(name << ": max |run - Streaming DiLoCo rule, 2 fragments| = " << to_rule << "; to the rule with one " << to_whole);
+      CHECK(to_rule <= 1e-6);
+      CHECK(to_whole > 100 * std::max(to_rule, 1e-7));
+      // A round's frames carry half the model: its uplink bytes are about half of fp32's.
+      for (const auto& rec : jsonl(dir.path / name / "providers/provider-0/metrics/provider-provider-0.jsonl")) {
+        if (!rec.contains("round_done")) continue;
+        const double up = rec["up_bytes"].get<double>();
+        const auto part = split[outer::fragment_index(rec["round_done"].get<uint64_t>(), 2)];
+        CHECK(up < static_cast<double>(part.numel()) * 4 + 4096);
+        CHECK(up > static_cast<double>(part.numel()) * 2);  // zstd takes a little off fp32 at most
+      }
     }
   }
 
