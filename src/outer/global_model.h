@@ -48,10 +48,11 @@ class GlobalModel {
   const common::FlatLayout& layout() const { return evaluator_->layout(); }
   // The tensors round r syncs (outer.fragments, sync.h): its contributions and its update
   // carry these alone, and its outer step moves only them.
-  const Fragment& fragment(uint64_t round) const {
-    return fragments_[fragment_index(round, fragments_.size())];
+  const Fragment& fragment(uint64_t round) const { return fragments_[fragment_index(round)]; }
+  size_t fragment_index(uint64_t round) const {
+    return outer::fragment_index(round, static_cast<size_t>(config_.outer.fragments),
+                                 static_cast<uint64_t>(common::total_rounds(config_)));
   }
-  size_t fragment_count() const { return fragments_.size(); }
   torch::Tensor& theta_pub() { return evaluator_->params(); }
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
   // The largest codec frame of this model: every parameter in fp32 plus header and tables.

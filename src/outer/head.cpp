@@ -122,7 +122,7 @@ void Head::Impl::start_round() {
   ledger.new_round();
   model.aggregator().begin(aggregation_order(round, members), round_token_allowance(cfg, round.round),
                            &model.fragment(round.round).layout,
-                           fragment_index(round.round, model.fragment_count()));
+                           model.fragment_index(round.round));
   const std::set<std::string> to_start = round.active;  // a failed send edits round.active
   for (const auto& p : to_start) send(p, net::RoundStart{}, round.round);
 }

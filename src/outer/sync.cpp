@@ -81,6 +81,7 @@ std::vector<Fragment> split_fragments(const common::FlatLayout& layout, int coun
               static_cast<double>(taken) + static_cast<double>(layout.slots[i].numel) / 2 < target));
     f.end = f.layout.slots.back().offset + f.layout.slots.back().numel;
   }
+  if (count > 1) out.push_back({layout, 0, layout.numel});
   return out;
 }
 

@@ -32,15 +32,19 @@ void apply_update(compress::Decoder& decoder, const uint8_t* frame, size_t size,
 // group's layout holds its slots only, at their offsets in the whole flat buffer (its numel is
 // the whole buffer's), so the codec adapter cuts the whole buffer by it and a frame carries
 // that group's tensors alone; [begin, end) is the flat range they cover. count 1: the whole
-// layout. Throws common::ConfigError when the model has fewer tensors than `count`.
+// layout. With count > 1 one more entry follows the groups: the whole layout, which the run's
+// last round syncs, so that the final θ_pub holds every group's progress to the last step.
+// Throws common::ConfigError when the model has fewer tensors than `count`.
 struct Fragment {
   common::FlatLayout layout;
   int64_t begin = 0, end = 0;
   int64_t numel() const { return end - begin; }
 };
 std::vector<Fragment> split_fragments(const common::FlatLayout& layout, int count);
-// The group round r (1-based) syncs: (r − 1) mod count.
-inline size_t fragment_index(uint64_t round, size_t count) {
+// The entry of split_fragments(layout, count) that round r (1-based) of `last` syncs:
+// group (r − 1) mod count, and in the last round (count > 1) the whole layout (index count).
+inline size_t fragment_index(uint64_t round, size_t count, uint64_t last) {
+  if (count > 1 && round == last) return count;
   return round == 0 ? 0 : static_cast<size_t>((round - 1) % count);
 }
 

@@ -244,10 +244,11 @@ net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& value
 
 // The head stops after round 4 as if killed (its providers cut: no BYE gets out) and restarts
 // from its checkpoint; the providers rejoin and the run ends with θ_pub agreeing everywhere.
-void head_restart(common::Overlap overlap) {
-  ThreadedRun run(std::string("thr-restart-") + common::to_string(overlap), 3);
+void head_restart(common::Overlap overlap, int fragments = 1) {
+  ThreadedRun run(std::string("thr-restart-") + common::to_string(overlap) + "-f" + std::to_string(fragments), 3);
   run.cfg.outer.head_timeout_s = 30;
   run.cfg.outer.overlap = overlap;
+  run.cfg.outer.fragments = fragments;
   auto head = run.head();
   outer::Head* first = head.get();
   run.on_round = [&](const outer::RoundRecord& r) {
@@ -412,12 +413,23 @@ TEST_SUITE("inproc_run") {
     head_restart(common::Overlap::kDelayed);
   }
 
+  TEST_CASE("outer.fragments = 2, delayed: the head restarted from its checkpoint; providers rejoin, and theta_pub agrees everywhere") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    head_restart(common::Overlap::kDelayed, 2);
+  }
+
   TEST_CASE("outer.overlap = delayed: providers train ahead of the head; one joining at round 3 counts from the round after, and theta_pub agrees everywhere") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    ThreadedRun run("thr-delayed-join", 3);
+    for (const int fragments : {1, 2}) {
+    CAPTURE(fragments);
+    ThreadedRun run("thr-delayed-join-f" + std::to_string(fragments), 3);
+    run.cfg.outer.fragments = fragments;
     run.cfg.outer.overlap = common::Overlap::kDelayed;
     run.cfg.outer.min_providers = 2;
     run.cfg.outer.start_grace_s = 0;  // round 1 starts with the two there
@@ -437,6 +449,7 @@ TEST_SUITE("inproc_run") {
     CHECK(test::chained_rounds(metrics("p0")) == 5);
     CHECK(test::chained_rounds(metrics("p1")) == 5);
     CHECK(test::chained_rounds(metrics("p2")) >= 1);
+    }
   }
 
   TEST_CASE("evaluation runs beside the rounds: none waits for it, one slower than a round is skipped saying why, and theta_pub is the same as without evaluation") {

@@ -150,6 +150,7 @@ torch::Tensor reference_rule(const common::Config& c, const std::vector<int64_t>
 // starts where round r − 1 ended, except that the part round r − 1 synced takes θ_pub(r − 1)
 // (base_p ← θ_pub). Delayed (fold k): round r's first k steps run before that part moves its
 // progress since round r − 1 ended onto θ_pub: x_p ← θ_pub_p + (x_p − x_end_p), base_p ← θ_pub_p.
+// The last round syncs every part: δ = base − x over the whole buffer.
 torch::Tensor reference_fragments(const common::Config& c, int64_t fold,
                                   const std::vector<std::pair<int64_t, int64_t>>& parts) {
   inner::Group solo{inner::DistOptions{}};
@@ -166,6 +167,7 @@ torch::Tensor reference_fragments(const common::Config& c, int64_t fold,
     std::optional<torch::NoGradGuard> guard(std::in_place);  // off for the training steps
     torch::Tensor pub = theta.clone();
     auto prev = parts[static_cast<size_t>((r + F - 2) % F)], cur = parts[static_cast<size_t>((r - 1) % F)];
+    if (r == rounds) cur = {0, theta.numel()};
     auto x = t.params();
     const bool chained = fold > 0 && r > 1;
     if (r == 1) {
@@ -433,8 +435,15 @@ TEST_SUITE("outer") {
     const int64_t largest = std::max_element(layout.slots.begin(), layout.slots.end(), [](const auto& a, const auto& b) { return a.numel < b.numel; })->numel;
     for (const int F : {1, 2, 3, 5, static_cast<int>(layout.slots.size())}) {
       CAPTURE(F);
-      const auto parts = outer::split_fragments(layout, F);
-      REQUIRE(parts.size() == static_cast<size_t>(F));
+      auto parts = outer::split_fragments(layout, F);
+      // F groups, and after them (F > 1) the whole layout, for the last round.
+      REQUIRE(parts.size() == static_cast<size_t>(F) + (F > 1 ? 1 : 0));
+      if (F > 1) {
+        CHECK(parts.back().begin == 0);
+        CHECK(parts.back().end == layout.numel);
+        CHECK(parts.back().layout.slots.size() == layout.slots.size());
+        parts.pop_back();
+      }
       size_t slot = 0;
       int64_t at = 0;
       for (const auto& p : parts) {
@@ -455,9 +464,11 @@ TEST_SUITE("outer") {
       CHECK(slot == layout.slots.size());
       CHECK(at == layout.numel);
     }
-    CHECK(outer::fragment_index(1, 3) == 0);
-    CHECK(outer::fragment_index(3, 3) == 2);
-    CHECK(outer::fragment_index(4, 3) == 0);
+    CHECK(outer::fragment_index(1, 3, 8) == 0);
+    CHECK(outer::fragment_index(3, 3, 8) == 2);
+    CHECK(outer::fragment_index(4, 3, 8) == 0);
+    CHECK(outer::fragment_index(8, 3, 8) == 3);  // the last round: the whole layout
+    CHECK(outer::fragment_index(8, 1, 8) == 0);
     try {
       outer::split_fragments(layout, static_cast<int>(layout.slots.size()) + 1);
       FAIL("more groups than tensors accepted");
@@ -553,7 +564,7 @@ TEST_SUITE("outer") {
       for (const auto& rec : jsonl(dir.path / name / "providers/provider-0/metrics/provider-provider-0.jsonl")) {
         if (!rec.contains("round_done")) continue;
         const double up = rec["up_bytes"].get<double>();
-        const auto part = split[outer::fragment_index(rec["round_done"].get<uint64_t>(), 2)];
+        const auto part = split[outer::fragment_index(rec["round_done"].get<uint64_t>(), 2, 5)];
         CHECK(up < static_cast<double>(part.numel()) * 4 + 4096);
         CHECK(up > static_cast<double>(part.numel()) * 2);  // zstd takes a little off fp32 at most
       }
