@@ -36,11 +36,13 @@ Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound)
     : layout_(layout), norm_bound_(norm_bound) {}
 
 void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
-                       const common::FlatLayout* part, size_t part_index) {
+                       const common::FlatLayout* part, size_t part_index, bool reference) {
   allowance_ = allowance;
-  if (!accepted_.empty()) history_[part_index_] = std::exchange(accepted_, {});
+  if (!accepted_.empty() && reference_) history_[part_index_] = accepted_;
+  accepted_.clear();
   part_ = part;
   part_index_ = part_index;
+  reference_ = reference;
   order_.clear();
   for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt});
   next_ = 0;

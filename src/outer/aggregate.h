@@ -58,9 +58,12 @@ class Aggregator {
   // `allowance`: the most tokens a contribution's weight counts (round_token_allowance).
   // `part`: the tensors this round's frames carry (outer.fragments: the round's fragment,
   // sync.h; null: the whole layout) and its index, which keeps each fragment's norms apart:
-  // a contribution is compared with the last round's of the same fragment.
+  // a contribution is compared with the last round's of the same fragment. `reference`: false
+  // when this round's norms are no guide to that fragment's next round (its first sync, which
+  // covers fewer steps than the later ones); they are then not kept.
   void begin(std::vector<std::string> order, uint64_t allowance = 0,
-             const common::FlatLayout* part = nullptr, size_t part_index = 0);
+             const common::FlatLayout* part = nullptr, size_t part_index = 0,
+             bool reference = true);
   // A contribution whose frame structure has been checked against the layout. It is added
   // now if every provider ahead of it has been added or skipped, else it waits.
   [[nodiscard]] std::vector<Rejected> add(const std::string& peer, net::Frame frame,
@@ -97,6 +100,7 @@ class Aggregator {
   std::map<size_t, std::vector<double>> history_;
   const common::FlatLayout* part_ = nullptr;  // this round's tensors (null: layout_)
   size_t part_index_ = 0;
+  bool reference_ = true;
   compress::Decoder decoder_;
   std::vector<Entry> order_;
   size_t next_ = 0;          // first entry not yet added or skipped

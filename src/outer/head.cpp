@@ -122,7 +122,9 @@ void Head::Impl::start_round() {
   ledger.new_round();
   model.aggregator().begin(aggregation_order(round, members), round_token_allowance(cfg, round.round),
                            &model.fragment(round.round).layout,
-                           model.fragment_index(round.round));
+                           model.fragment_index(round.round),
+                           // a fragment's first sync covers fewer steps than its later ones
+                           cfg.outer.fragments == 1 || round.round > static_cast<uint64_t>(cfg.outer.fragments));
   const std::set<std::string> to_start = round.active;  // a failed send edits round.active
   for (const auto& p : to_start) send(p, net::RoundStart{}, round.round);
 }

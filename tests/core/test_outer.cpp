@@ -483,7 +483,7 @@ TEST_SUITE("outer") {
     CHECK(common::config_hash(two) != common::config_hash(plain));
   }
 
-  TEST_CASE("outer.fragments: a contribution is judged against its fragment's tensors, and its norm against that fragment's last round") {
+  TEST_CASE("outer.fragments: a contribution is judged against its fragment's tensors, and its norm against that fragment's last round but not its first sync") {
     common::Config c = test::tiny_gpt_config();
     c.outer.codec_up = common::CodecKind::kFp32;
     const auto layout = layout_of(c);
@@ -521,6 +521,20 @@ TEST_SUITE("outer") {
     const auto refused = agg.add("a", frame(parts[0], 1.0f), 100);
     REQUIRE(refused.size() == 1);
     CHECK(refused[0].code == net::RefusalCode::kOutlier);
+    CHECK(agg.add("b", frame(parts[0], 0.01f), 100).empty());
+    CHECK(agg.finish().empty());
+    // A round whose norms are no reference (a fragment's first sync, which covers fewer steps)
+    // is not kept: the next round of fragment 1, 100x larger, is judged by its peers alone.
+    outer::Aggregator first(layout, 10);
+    first.begin({"a", "b"}, 0, &parts[1].layout, 1, /*reference=*/false);
+    CHECK(first.add("a", frame(parts[1], 0.01f), 100).empty());
+    CHECK(first.add("b", frame(parts[1], 0.01f), 100).empty());
+    CHECK(first.finish().empty());
+    first.begin({"a", "b"}, 0, &parts[1].layout, 1);
+    CHECK(first.add("a", frame(parts[1], 1.0f), 100).empty());
+    CHECK(first.add("b", frame(parts[1], 1.0f), 100).empty());
+    CHECK(first.finish().empty());
+    CHECK(first.added() == 2);
   }
 
   TEST_CASE("outer.fragments = 2, one provider, fp32 links: theta follows Streaming DiLoCo's rule, synchronous and delayed") {
