@@ -221,6 +221,31 @@ torch::Tensor flat_theta_pub(const fs::path& ckpt) {
                           {static_cast<int64_t>(pub->data.size() / 4)}, torch::kFloat32).clone();
 }
 
+// `xloco local`, one provider, fp32 links, 5 rounds of 4 steps of a small GPT, synchronous or
+// delayed (a fold after 2 steps), with `extra` set too: θ_pub at its end (the same on the head
+// and the provider) and the run's config.
+std::pair<torch::Tensor, common::Config> one_provider_fp32(const test::ScratchDir& dir,
+                                                           const std::string& name, bool delayed,
+                                                           const std::string& extra) {
+  std::vector<std::string> sets = {
+      "run.dir=" + dir.str(), "run.name=" + name, "model.d_model=32", "model.n_layer=1",
+      "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
+      "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
+      "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
+      "outer.eval_every=0", extra};
+  if (delayed) {
+    sets.push_back("outer.overlap=delayed");
+    sets.push_back("outer.delay_steps=2");
+  }
+  std::string args = " --providers 1 --config " + cfg();
+  for (const auto& kv : sets) args += " --set " + kv;
+  auto l = run_xloco("local" + args);
+  INFO(l.out);
+  REQUIRE(l.code == 0);
+  check_replicas_agree(dir.path / name, 1);
+  return {flat_theta_pub(dir.path / name / "ckpt/round-000005"), common::load_config(cfg(), sets)};
+}
+
 }  // namespace
 
 TEST_SUITE("outer") {
@@ -399,24 +424,7 @@ TEST_SUITE("outer") {
     test::ScratchDir dir("keep_local");
     for (const bool delayed : {false, true}) {
       const std::string name = delayed ? "delayed" : "sync";
-      std::vector<std::string> sets = {
-          "run.dir=" + dir.str(), "run.name=" + name, "model.d_model=32", "model.n_layer=1",
-          "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
-          "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
-          "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
-          "outer.eval_every=0", "outer.keep_local=0.5"};
-      if (delayed) {
-        sets.push_back("outer.overlap=delayed");
-        sets.push_back("outer.delay_steps=2");
-      }
-      std::string args = " --providers 1 --config " + cfg();
-      for (const auto& kv : sets) args += " --set " + kv;
-      auto l = run_xloco("local" + args);
-      INFO(l.out);
-      REQUIRE(l.code == 0);
-      check_replicas_agree(dir.path / name, 1);
-      const torch::Tensor got = flat_theta_pub(dir.path / name / "ckpt/round-000005");
-      auto c = common::load_config(cfg(), sets);
+      auto [got, c] = one_provider_fp32(dir, name, delayed, "outer.keep_local=0.5");
       const int64_t fold = delayed ? 2 : 0;
       const torch::Tensor rule = reference_rule(c, fold);
       c.outer.keep_local = 0;
@@ -545,24 +553,7 @@ TEST_SUITE("outer") {
     test::ScratchDir dir("fragments");
     for (const bool delayed : {false, true}) {
       const std::string name = delayed ? "delayed" : "sync";
-      std::vector<std::string> sets = {
-          "run.dir=" + dir.str(), "run.name=" + name, "model.d_model=32", "model.n_layer=1",
-          "model.n_head=2", "model.seq_len=32", "inner.batch_size=8", "inner.warmup_steps=2",
-          "inner.eval_batches=2", "inner.log_every=5", "inner.steps=20", "inner.lr=4e-4",
-          "inner.min_lr=4e-5", "outer.inner_steps=4", "outer.codec_up=fp32", "outer.codec_down=fp32",
-          "outer.eval_every=0", "outer.fragments=2"};
-      if (delayed) {
-        sets.push_back("outer.overlap=delayed");
-        sets.push_back("outer.delay_steps=2");
-      }
-      std::string args = " --providers 1 --config " + cfg();
-      for (const auto& kv : sets) args += " --set " + kv;
-      auto l = run_xloco("local" + args);
-      INFO(l.out);
-      REQUIRE(l.code == 0);
-      check_replicas_agree(dir.path / name, 1);
-      const torch::Tensor got = flat_theta_pub(dir.path / name / "ckpt/round-000005");
-      const auto c = common::load_config(cfg(), sets);
+      const auto [got, c] = one_provider_fp32(dir, name, delayed, "outer.fragments=2");
       const auto split = outer::split_fragments(layout_of(c), 2);
       const int64_t fold = delayed ? 2 : 0;
       const torch::Tensor rule = reference_fragments(c, fold, {{split[0].begin, split[0].end}, {split[1].begin, split[1].end}});
