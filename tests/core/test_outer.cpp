@@ -510,19 +510,19 @@ TEST_SUITE("outer") {
     CHECK(outer::frame_problem(frame(parts[0], 1), layout, c.outer));
     // Round 1 syncs fragment 0 with small values, round 2 fragment 1 with values 100x larger.
     // Judged against fragment 0's norms they would be refused (norm_bound 10); they are not.
+    // A round of fragment i in which "a" and "b" both send `value` everywhere: both accepted.
+    const auto both_accepted = [&](outer::Aggregator& a, size_t i, float value, bool reference) {
+      a.begin({"a", "b"}, 0, &parts[i].layout, i, reference);
+      CHECK(a.add("a", frame(parts[i], value), 100).empty());
+      CHECK(a.add("b", frame(parts[i], value), 100).empty());
+      CHECK(a.finish().empty());
+      CHECK(a.added() == 2);
+    };
     outer::Aggregator agg(layout, 10);
-    agg.begin({"a", "b"}, 0, &parts[0].layout, 0);
-    CHECK(agg.add("a", frame(parts[0], 0.01f), 100).empty());
-    CHECK(agg.add("b", frame(parts[0], 0.01f), 100).empty());
-    CHECK(agg.finish().empty());
-    CHECK(agg.added() == 2);
+    both_accepted(agg, 0, 0.01f, true);
     // Only fragment 0's tensors hold Δ.
     CHECK(agg.delta().narrow(0, parts[0].begin, parts[0].numel()).eq(0.01f).all().item<bool>());
-    agg.begin({"a", "b"}, 0, &parts[1].layout, 1);
-    CHECK(agg.add("a", frame(parts[1], 1.0f), 100).empty());
-    CHECK(agg.add("b", frame(parts[1], 1.0f), 100).empty());
-    CHECK(agg.finish().empty());
-    CHECK(agg.added() == 2);
+    both_accepted(agg, 1, 1.0f, true);
     CHECK(agg.delta().narrow(0, parts[1].begin, parts[1].numel()).eq(1.0f).all().item<bool>());
     // Back at fragment 0, a value 100x its last round's is an outlier there.
     agg.begin({"a", "b"}, 0, &parts[0].layout, 0);
@@ -534,15 +534,8 @@ TEST_SUITE("outer") {
     // A round whose norms are no reference (a fragment's first sync, which covers fewer steps)
     // is not kept: the next round of fragment 1, 100x larger, is judged by its peers alone.
     outer::Aggregator first(layout, 10);
-    first.begin({"a", "b"}, 0, &parts[1].layout, 1, /*reference=*/false);
-    CHECK(first.add("a", frame(parts[1], 0.01f), 100).empty());
-    CHECK(first.add("b", frame(parts[1], 0.01f), 100).empty());
-    CHECK(first.finish().empty());
-    first.begin({"a", "b"}, 0, &parts[1].layout, 1);
-    CHECK(first.add("a", frame(parts[1], 1.0f), 100).empty());
-    CHECK(first.add("b", frame(parts[1], 1.0f), 100).empty());
-    CHECK(first.finish().empty());
-    CHECK(first.added() == 2);
+    both_accepted(first, 1, 0.01f, /*reference=*/false);
+    both_accepted(first, 1, 1.0f, true);
   }
 
   TEST_CASE("outer.fragments = 2, one provider, fp32 links: theta follows Streaming DiLoCo's rule, synchronous and delayed") {
