@@ -268,9 +268,6 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.delay_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.delay_steps = {} exceeds outer.inner_steps = {} (the update of a "
                 "round is folded in within the next one)", c.outer.delay_steps, c.outer.inner_steps);
-  XLOCO_ENFORCE(c.outer.fragments == 1 || c.outer.round_budget_s == 0, ConfigError,
-                "config: outer.fragments = {} needs rounds of fixed steps (outer.round_budget_s = "
-                "{}, not 0)", c.outer.fragments, c.outer.round_budget_s);
   XLOCO_ENFORCE(c.outer.min_inner_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.min_inner_steps = {} exceeds outer.inner_steps = {} (the most steps "
                 "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);

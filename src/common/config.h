@@ -142,6 +142,9 @@ struct OuterConfig {
   // 0: every round is H = inner_steps steps. > 0: a provider trains until this many seconds of
   // the round have passed (at least min_inner_steps, at most inner_steps steps); the head
   // weights contributions by their tokens, and the inner schedule follows the round's progress.
+  // With "delayed", a round's budget is less what the provider's rounds so far ran over it
+  // (pace.h budget_carry), so that providers' chained rounds stay on one clock. Goes with
+  // fragments (each round's budget is one fragment's round).
   double round_budget_s = 0;
   int min_inner_steps = 1;
 };

@@ -56,7 +56,7 @@ std::vector<Aggregator::Rejected> Aggregator::add(const std::string& peer, net::
   for (auto& e : order_) {
     if (e.peer != peer || e.slot != Slot::kExpected) continue;
     try {
-      e.norm = decoder_.norm(frame.data(), frame.size());
+      e.norm = full_round_norm(decoder_.norm(frame.data(), frame.size()), tokens, allowance_);
     } catch (const compress::FrameError& ex) {
       e.slot = Slot::kDone;  // it will not come again: those behind it need not wait
       auto rejected = drain(false);

@@ -16,18 +16,27 @@ int64_t steps_in_round(uint64_t round, const common::Config& c) {
 }
 
 StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c,
-                      double step_s) {
+                      double step_s, double carry_s) {
   const int64_t cap = steps_in_round(round, c);
   if (done >= cap) {
     return {false, cap < c.outer.inner_steps ? fmt::format("the run's last {} steps are done", cap)
                                              : fmt::format("H = {} steps done", cap)};
   }
-  const double budget = c.outer.round_budget_s;
-  if (budget > 0 && elapsed_s + step_s / 2 >= budget &&
+  const double budget = c.outer.round_budget_s - (c.outer.round_budget_s > 0 ? carry_s : 0);
+  if (c.outer.round_budget_s > 0 && elapsed_s + step_s / 2 >= budget &&
       done >= std::min<int64_t>(c.outer.min_inner_steps, cap)) {
-    return {false, fmt::format("the round's budget of {:g}s is spent after {} steps", budget, done)};
+    return {false, carry_s == 0
+                       ? fmt::format("the round's budget of {:g}s is spent after {} steps", budget, done)
+                       : fmt::format("the round's budget of {:g}s ({:+.3g}s carried over) is spent after {} steps",
+                                     budget, -carry_s, done)};
   }
   return {true, ""};
+}
+
+double budget_carry(double carry_s, double elapsed_s, const common::Config& c) {
+  const double budget = c.outer.round_budget_s;
+  if (budget <= 0) return 0;
+  return std::clamp(carry_s + elapsed_s - budget, -budget / 2, budget / 2);
 }
 
 double schedule_position(uint64_t round, int64_t done, double elapsed_s, const common::Config& c) {
@@ -44,6 +53,11 @@ double contribution_weight(uint64_t tokens, uint64_t first_tokens, uint64_t allo
     return static_cast<double>(allowance > 0 ? std::min(t, allowance) : t);
   };
   return first_tokens == 0 ? 1.0 : capped(tokens) / capped(first_tokens);
+}
+
+double full_round_norm(double norm, uint64_t tokens, uint64_t allowance) {
+  if (allowance == 0 || tokens == 0 || tokens >= allowance) return norm;
+  return norm * (static_cast<double>(allowance) / static_cast<double>(tokens));
 }
 
 bool chains_next_round(uint64_t round, const common::Config& c) {

@@ -26,8 +26,20 @@ struct StepVerdict {
 // H = outer.inner_steps, and with a time budget while fewer than outer.min_inner_steps have run
 // or the next step would end nearer the budget than not (elapsed + step_s / 2 < budget): a slow
 // provider's last step overshoots the budget by at most half a step, and ends early by as much.
+// `carry_s` (budget_carry) is taken off the budget: what the provider's earlier chained rounds
+// ran over it (under it when negative).
 StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const common::Config& c,
-                      double step_s = 0);
+                      double step_s = 0, double carry_s = 0);
+
+// With a time budget and chained rounds (outer.overlap = "delayed"), each provider's rounds
+// follow one another with no wait, so an over- or undershoot of each round's budget (up to half
+// a step, the same sign every round for a given step time) would add up and carry one provider
+// whole rounds ahead of the others, to wait at its fold. So the next round's budget is the
+// budget less what the rounds so far ran over: the carry after a round of `elapsed_s` of
+// compute, started with `carry_s`, is carry + elapsed − budget, kept within ± budget / 2 (a
+// round capped by H, which ends early every round, must not bank time without end). A round
+// that starts after a wait (not chained) starts from 0. 0 without a budget.
+double budget_carry(double carry_s, double elapsed_s, const common::Config& c);
 
 // The inner schedule's position (in steps) for step `done` of round `round`: (round − 1)·H + f·H
 // with f the larger of done / H and elapsed_s / budget (below 1): a provider 4× slower than
@@ -39,6 +51,16 @@ double schedule_position(uint64_t round, int64_t done, double elapsed_s, const c
 // added (`first_tokens`; 0 when this is the first): its tokens, capped by the round's schedule
 // allowance (the head refuses a claim above it before this is asked), over the first's.
 double contribution_weight(uint64_t tokens, uint64_t first_tokens, uint64_t allowance);
+
+// The norm a contribution of `norm` over `tokens` is judged by (aggregate.h): scaled to a full
+// round's work, norm · allowance / tokens, when it trained fewer tokens than the round's
+// allowance (a slower provider under a time budget), so that it is compared with its faster
+// peers on their footing, not as an outlier of its own speed. With fixed H every honest
+// contribution has the allowance and keeps its norm; a claim of fewer tokens only raises a
+// provider's own judged norm and lowers its weight. Linear in the work: a δ that grows slower
+// than its steps is judged larger, by at most the square root of the speed ratio when its steps
+// add up like noise. `allowance` 0 or `tokens` 0: the norm as it is.
+double full_round_norm(double norm, uint64_t tokens, uint64_t allowance);
 
 // With outer.overlap = "delayed", the provider goes on from round `round` straight into the
 // next (speculatively: the head confirms it with ROUND_START, or a resync discards it), unless

@@ -375,6 +375,7 @@ class ProviderRun {
       }
     }
     chained_ = chained;
+    if (!chained) carry_s_ = 0;  // a round after a wait starts on the others' clock
     const auto start = Clock::now();
     idle_s_ = std::chrono::duration<double>(start - compute_end_).count();
     state_wait_s_ = state_wait_s;
@@ -427,6 +428,7 @@ class ProviderRun {
     if (done % cfg_.inner.log_every != 0) log_step(r, last_step_, last_stats_, tokens_, start);
     steps_done_ = done;
     compute_s_ = std::chrono::duration<double>(Clock::now() - start).count() - waited_s;
+    carry_s_ = budget_carry(carry_s_, compute_s_, cfg_);
     idle_s_ += waited_s;
     compute_end_ = Clock::now();
     return {};
@@ -476,7 +478,7 @@ class ProviderRun {
     // waiting for the round to close, receiving the update), with the bytes behind them.
     metrics_.write({{"round_done", r}, {"compute_s", compute_s_}, {"idle_s", idle_s_},
                     {"steps", steps_done_}, {"tokens", tokens_}, {"chained", chained_},
-                    {"folded_at", folded_at_},
+                    {"folded_at", folded_at_}, {"budget_carry_s", carry_s_},
                     {"up_bytes", lead_->bytes_up() - up0}, {"down_bytes", down0 - down_at_end_},
                     {"state_save_s", last_save_s_.load()}, {"state_wait_s", state_wait_s_}});
     down_at_end_ = down0;
@@ -547,7 +549,7 @@ class ProviderRun {
   // its `elapsed` (which the schedule position also reads).
   bool more_steps(uint64_t r, int64_t done, double& elapsed, double step_s) {
     if (cfg_.outer.round_budget_s <= 0) return next_step(r, done, elapsed, cfg_).more;
-    bool more = next_step(r, done, elapsed, cfg_, step_s).more;
+    bool more = next_step(r, done, elapsed, cfg_, step_s, carry_s_).more;
     if (group_.world() > 1) {
       torch::Tensor v = torch::tensor({more ? 1.0 : 0.0, elapsed}, torch::kFloat64);
       group_.broadcast(v);
@@ -758,6 +760,7 @@ class ProviderRun {
   inner::StepStats last_stats_;
   double compute_s_ = 0, idle_s_ = 0, state_wait_s_ = 0;
   bool chained_ = false;  // the round in hand started before the head confirmed it
+  double carry_s_ = 0;     // with a time budget: what chained rounds ran over it (budget_carry)
   int64_t folded_at_ = -1;  // the step its fold came at (-1: not chained)
   std::optional<uint64_t> pending_round_;  // the leader's: a ROUND_START polled before its fold
   std::future<void> saving_;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -483,8 +484,8 @@ TEST_SUITE("outer") {
     } catch (const common::ConfigError& e) {
       CHECK(std::string(e.what()).find("outer.fragments") != std::string::npos);
     }
-    // A time budget and fragments do not go together; fragments are hashed only when set.
-    CHECK_THROWS_AS(common::load_config(cfg(), {"outer.fragments=2", "outer.round_budget_s=5"}), common::ConfigError);
+    // Fragments go with a time budget; they are hashed only when set.
+    CHECK(common::load_config(cfg(), {"outer.fragments=2", "outer.round_budget_s=5"}).outer.fragments == 2);
     const auto plain = common::load_config(cfg(), {}), two = common::load_config(cfg(), {"outer.fragments=2"}),
                one = common::load_config(cfg(), {"outer.fragments=1"});
     CHECK(common::config_hash(one) == common::config_hash(plain));
@@ -566,6 +567,51 @@ TEST_SUITE("outer") {
         CHECK(up < static_cast<double>(part.numel()) * 4 + 4096);
         CHECK(up > static_cast<double>(part.numel()) * 2);  // zstd takes a little off fp32 at most
       }
+    }
+  }
+
+  TEST_CASE("outer.round_budget_s with 2 fragments, delayed, provider-1 4x slower: it runs fewer steps, the head counts both's tokens, theta_pub agrees") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("budget-fragments");
+    // H = 400 is only the cap: the budget of 0.3 s ends every round well before it.
+    setenv("XLOCO_THROTTLE", "provider-1=4", 1);
+    auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "b") +
+                       " --set inner.steps=2000 --set outer.inner_steps=400 --set outer.eval_every=0"
+                       " --set outer.round_budget_s=0.3 --set outer.min_inner_steps=2"
+                       " --set outer.fragments=2 --set outer.overlap=delayed --set outer.fold=arrival"
+                       " --set outer.delay_steps=400");
+    unsetenv("XLOCO_THROTTLE");
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    const fs::path run = dir.path / "b";
+    check_replicas_agree(run, 2);
+    // Per round and provider: steps and tokens from the providers' metrics.
+    std::map<uint64_t, uint64_t> tokens;
+    std::map<std::string, int64_t> steps;
+    size_t chained = 0;
+    for (const std::string name : {"provider-0", "provider-1"}) {
+      for (const auto& m : jsonl(run / "providers" / name / "metrics" / ("provider-" + name + ".jsonl"))) {
+        if (!m.contains("round_done")) continue;
+        tokens[m["round_done"].get<uint64_t>()] += m["tokens"].get<uint64_t>();
+        steps[name] += m["steps"].get<int64_t>();
+        chained += m["chained"].get<bool>() ? 1 : 0;
+        CHECK(m["steps"].get<int64_t>() >= 2);                        // min_inner_steps
+        CHECK(std::abs(m["budget_carry_s"].get<double>()) <= 0.15 + 1e-9);  // within ± budget / 2
+      }
+    }
+    MESSAGE("steps: provider-0 " << steps["provider-0"] << ", provider-1 (4x slower) " << steps["provider-1"]);
+    CHECK(chained >= 6);  // rounds 2..5 of both, but for a resync
+    CHECK(steps["provider-1"] * 2 < steps["provider-0"]);  // the slow one ran fewer, no one waited for H
+    // The head's rounds count the tokens each provider trained, whatever their number.
+    const auto rounds = jsonl(run / "metrics/head.jsonl");
+    REQUIRE(rounds.size() == 5);
+    for (const auto& r : rounds) {
+      CAPTURE(r.dump());
+      CHECK(r["participants"].get<int>() == 2);
+      CHECK(r["tokens"].get<uint64_t>() == tokens[r["round"].get<uint64_t>()]);
     }
   }
 
@@ -808,6 +854,37 @@ TEST_SUITE("pace") {
     CHECK_FALSE(outer::next_step(1, 7, 1.61, c, 0.8).more);
   }
 
+  TEST_CASE("budget_carry: chained rounds' over- and undershoots are taken off the next budget, within half a budget") {
+    common::Config c;
+    c.inner.steps = 1000;
+    c.outer.inner_steps = 100;
+    CHECK(outer::budget_carry(0.3, 9.0, c) == 0);  // no budget: nothing to carry
+    c.outer.round_budget_s = 4.5;
+    // Steps of 0.48 s: 9 steps (4.32 s) end nearer 4.5 s than 10 (4.8 s); 0.18 s under, each
+    // round. Carried, the next round's budget is 4.68 s and its 10th step ends nearer.
+    double carry = outer::budget_carry(0, 4.32, c);
+    CHECK(carry == doctest::Approx(-0.18));
+    CHECK_FALSE(outer::next_step(2, 9, 4.32, c, 0.48).more);
+    CHECK(outer::next_step(2, 9, 4.32, c, 0.48, carry).more);
+    CHECK(outer::next_step(2, 10, 4.8, c, 0.48, carry).reason.find("carried over") != std::string::npos);
+    carry = outer::budget_carry(carry, 4.8, c);
+    CHECK(carry == doctest::Approx(0.12));
+    // Over 40 such rounds the carry stays within a step: the rounds keep the budget's clock.
+    double total = 0, k = 0;
+    carry = 0;
+    for (int r = 0; r < 40; ++r) {
+      int64_t done = 0;
+      while (outer::next_step(2, done, done * 0.48, c, 0.48, carry).more) ++done;
+      total += done * 0.48;
+      carry = outer::budget_carry(carry, done * 0.48, c);
+      k += 1;
+    }
+    CHECK(std::abs(total - k * 4.5) < 0.48);
+    // Kept within ± budget / 2: a round capped by H does not bank time without end.
+    CHECK(outer::budget_carry(-2.0, 1.0, c) == doctest::Approx(-2.25));
+    CHECK(outer::budget_carry(2.0, 9.0, c) == doctest::Approx(2.25));
+  }
+
   TEST_CASE("schedule_position: the step index without a budget; with one, the round's progress in time or steps, whichever is further") {
     common::Config c;
     c.inner.steps = 1000;
@@ -850,6 +927,31 @@ TEST_SUITE("pace") {
     CHECK(agg.finish().empty());
     const auto want = (4000 * a + 1000 * b + 4000 * d) / 9000;
     CHECK((agg.delta() - want).abs().max().item<double>() < 1e-6);
+
+    // Norms are judged per full round: two providers, one 8x slower whose δ is 8x smaller.
+    // Unscaled, the fast one's norm is 8x its only peer's and over a bound of 4; scaled, both
+    // are the same and both are in. A fast one 8x over its full-round peer is still refused.
+    outer::Aggregator judged(layout, /*norm_bound=*/4);
+    judged.begin({"fast", "slow"}, 8000);
+    CHECK(judged.add("fast", frame(a), 8000).empty());
+    CHECK(judged.add("slow", frame(a / 8), 1000).empty());
+    CHECK(judged.finish().empty());
+    CHECK(judged.added() == 2);
+    judged.begin({"fast", "slow"}, 8000);
+    CHECK(judged.add("slow", frame(a / 8), 1000).empty());  // waits for the fast one's turn
+    const auto refused = judged.add("fast", frame(8 * a), 8000);
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].peer == "fast");
+    CHECK(refused[0].code == net::RefusalCode::kOutlier);
+    CHECK(judged.finish().empty());
+  }
+
+  TEST_CASE("full_round_norm: a contribution's norm scaled to the round's allowance of tokens, never down") {
+    CHECK(outer::full_round_norm(2.0, 1000, 4000) == doctest::Approx(8.0));
+    CHECK(outer::full_round_norm(2.0, 4000, 4000) == 2.0);  // fixed H: as it is
+    CHECK(outer::full_round_norm(2.0, 9000, 4000) == 2.0);  // a claim over it is refused elsewhere
+    CHECK(outer::full_round_norm(2.0, 0, 4000) == 2.0);
+    CHECK(outer::full_round_norm(2.0, 1000, 0) == 2.0);     // no allowance given
   }
 
   TEST_CASE("chains_next_round only with overlap = delayed and before the last round") {
