@@ -14,7 +14,8 @@
 # after round ROUND closed (mid-transfer of that round's update); --cpus puts each provider in a
 # cgroup of its own capped at that many CPUs (cpu.cfs_quota_us, or cpu.max on cgroup v2), so that
 # providers sharing this machine's cores run at steady, equal speeds as on machines of their own
-# (a test device, like XLOCO_THROTTLE; the head stays uncapped). Needs root and `ip netns`;
+# (a test device, like XLOCO_THROTTLE, which is passed on to the providers when set; the head
+# stays uncapped). Needs root and `ip netns`;
 # exits 77 (ctest's "skipped") with the reason when either is missing. Writes runs/RUN/
 # rehearsal.json: the head's last /status (read from provider 0's namespace over its rate-limited
 # link), the addresses and rates used (and with --cpus each provider cgroup's throttled periods),
@@ -166,7 +167,8 @@ SET_CSV=$(IFS=,; echo "run.name=$NAME,outer.providers=$PROVIDERS,outer.min_provi
 
 http_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')  # the status port is beyond loopback
 common_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="${HOME:-/root}"
-            XLOCO_CONFIG="$CONFIG" XLOCO_SET="$SET_CSV")
+            XLOCO_CONFIG="$CONFIG" XLOCO_SET="$SET_CSV"
+            ${XLOCO_THROTTLE:+XLOCO_THROTTLE="$XLOCO_THROTTLE"})  # the test device, when set
 echo "rehearse: head $HEAD_ADDR, $PROVIDERS providers at ${NET}11.., links $(IFS=,; echo "${PROVIDER_RATES[*]}") each way${CPUS:+, $CPUS CPUs each}, run $RUN_DIR"
 ip netns exec "$HEAD_NS" "${common_env[@]}" \
   XLOCO_BIND="tcp://0.0.0.0:$ZMQ_PORT" XLOCO_ADVERTISE="tcp://$HEAD_ADDR:$ZMQ_PORT" \

@@ -49,10 +49,7 @@ class GlobalModel {
   // The tensors round r syncs (outer.fragments, sync.h): its contributions and its update
   // carry these alone, and its outer step moves only them.
   const Fragment& fragment(uint64_t round) const { return fragments_[fragment_index(round)]; }
-  size_t fragment_index(uint64_t round) const {
-    return outer::fragment_index(round, static_cast<size_t>(config_.outer.fragments),
-                                 static_cast<uint64_t>(common::total_rounds(config_)));
-  }
+  size_t fragment_index(uint64_t round) const { return outer::fragment_index(round, config_); }
   torch::Tensor& theta_pub() { return evaluator_->params(); }
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
   // The largest codec frame of this model: every parameter in fp32 plus header and tables.

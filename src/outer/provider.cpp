@@ -157,8 +157,7 @@ class Leader {
   compress::Encoder& uplink() { return up_; }
   // The tensors round r syncs (sync.h): all of them unless outer.fragments > 1.
   const Fragment& fragment(uint64_t r) const {
-    return fragments_[fragment_index(r, static_cast<size_t>(cfg_.outer.fragments),
-                                     static_cast<uint64_t>(common::total_rounds(cfg_)))];
+    return fragments_[fragment_index(r, cfg_)];
   }
   double bytes_up() const { return bytes_up_; }
   double bytes_down() const { return bytes_down_; }  // updates and states received

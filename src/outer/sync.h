@@ -47,6 +47,11 @@ inline size_t fragment_index(uint64_t round, size_t count, uint64_t last) {
   if (count > 1 && round == last) return count;
   return round == 0 ? 0 : static_cast<size_t>((round - 1) % count);
 }
+// The same for a run's config: outer.fragments groups, its last round total_rounds.
+inline size_t fragment_index(uint64_t round, const common::Config& c) {
+  return fragment_index(round, static_cast<size_t>(c.outer.fragments),
+                        static_cast<uint64_t>(common::total_rounds(c)));
+}
 
 // The uplink / downlink payload sizes that fp32 data parallel would send for the same steps.
 inline double fp32_bytes(const torch::Tensor& flat) {
