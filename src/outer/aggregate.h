@@ -14,8 +14,9 @@
 // values. The first contribution of a run waits for a second one to compare it with (or for
 // the round's end). A contribution of fewer tokens than the round allows (a slower provider
 // under outer.round_budget_s) is judged by its norm scaled to a full round (pace.h
-// full_round_norm), and that is the norm its peers are compared with. With a majority of honest providers the median is an honest norm; a
-// majority of colluding providers is not covered (design §7).
+// full_round_norm), and that is the norm its peers are compared with. With a majority of
+// honest providers the median is an honest norm; a majority of colluding providers is not
+// covered (design §7).
 #pragma once
 
 #include <cstdint>
