@@ -22,7 +22,7 @@ StepVerdict next_step(uint64_t round, int64_t done, double elapsed_s, const comm
     return {false, cap < c.outer.inner_steps ? fmt::format("the run's last {} steps are done", cap)
                                              : fmt::format("H = {} steps done", cap)};
   }
-  const double budget = c.outer.round_budget_s - (c.outer.round_budget_s > 0 ? carry_s : 0);
+  const double budget = c.outer.round_budget_s - carry_s;
   if (c.outer.round_budget_s > 0 && elapsed_s + step_s / 2 >= budget &&
       done >= std::min<int64_t>(c.outer.min_inner_steps, cap)) {
     return {false, carry_s == 0

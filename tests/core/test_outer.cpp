@@ -56,8 +56,13 @@ std::string outer_small(const std::string& dir, const std::string& name) {
 }
 
 
+// A provider's metrics file in run directory `run` (one JSON record per line).
+fs::path provider_metrics(const fs::path& run, const std::string& name) {
+  return run / "providers" / name / "metrics" / ("provider-" + name + ".jsonl");
+}
+
 std::string provider_hash(const fs::path& run, const std::string& name) {
-  for (const auto& r : jsonl(run / "providers" / name / "metrics" / ("provider-" + name + ".jsonl"))) {
+  for (const auto& r : jsonl(provider_metrics(run, name))) {
     if (r.contains("final")) return r["theta_pub_hash"];
   }
   return "";
@@ -414,7 +419,7 @@ TEST_SUITE("outer") {
     CHECK(to_sync > 100 * std::max(to_delayed, 1e-7));
     CHECK(to_end > 100 * std::max(to_delayed, 1e-7));
     // Every round after the first was trained before the head started it.
-    CHECK(test::chained_rounds(dir.path / "delayed/providers/provider-0/metrics/provider-provider-0.jsonl") == 4);
+    CHECK(test::chained_rounds(provider_metrics(dir.path / "delayed", "provider-0")) == 4);
   }
 
   TEST_CASE("outer.keep_local: synchronous and delayed, theta follows the rule that keeps a share of the provider's own parameters") {
@@ -560,7 +565,7 @@ TEST_SUITE("outer") {
       CHECK(to_rule <= 1e-6);
       CHECK(to_whole > 100 * std::max(to_rule, 1e-7));
       // A round's frames carry half the model: its uplink bytes are about half of fp32's.
-      for (const auto& rec : jsonl(dir.path / name / "providers/provider-0/metrics/provider-provider-0.jsonl")) {
+      for (const auto& rec : jsonl(provider_metrics(dir.path / name, "provider-0"))) {
         if (!rec.contains("round_done")) continue;
         const double up = rec["up_bytes"].get<double>();
         const auto part = split[outer::fragment_index(rec["round_done"].get<uint64_t>(), 2, 5)];
@@ -593,7 +598,7 @@ TEST_SUITE("outer") {
     std::map<std::string, int64_t> steps;
     size_t chained = 0;
     for (const std::string name : {"provider-0", "provider-1"}) {
-      for (const auto& m : jsonl(run / "providers" / name / "metrics" / ("provider-" + name + ".jsonl"))) {
+      for (const auto& m : jsonl(provider_metrics(run, name))) {
         if (!m.contains("round_done")) continue;
         tokens[m["round_done"].get<uint64_t>()] += m["tokens"].get<uint64_t>();
         steps[name] += m["steps"].get<int64_t>();
@@ -639,7 +644,7 @@ TEST_SUITE("outer") {
     REQUIRE(l.code == 0);
     check_replicas_agree(dir.path / "arrival", 1);
     std::vector<int64_t> fold_at = {-1, -1};  // round 1 is not chained
-    for (const auto& m : jsonl(dir.path / "arrival/providers/provider-0/metrics/provider-provider-0.jsonl")) {
+    for (const auto& m : jsonl(provider_metrics(dir.path / "arrival", "provider-0"))) {
       if (!m.contains("round_done") || m["round_done"].get<int64_t>() < 2) continue;
       REQUIRE(m["chained"].get<bool>());
       fold_at.push_back(m["folded_at"].get<int64_t>());
@@ -870,16 +875,15 @@ TEST_SUITE("pace") {
     carry = outer::budget_carry(carry, 4.8, c);
     CHECK(carry == doctest::Approx(0.12));
     // Over 40 such rounds the carry stays within a step: the rounds keep the budget's clock.
-    double total = 0, k = 0;
+    double total = 0;
     carry = 0;
     for (int r = 0; r < 40; ++r) {
       int64_t done = 0;
       while (outer::next_step(2, done, done * 0.48, c, 0.48, carry).more) ++done;
       total += done * 0.48;
       carry = outer::budget_carry(carry, done * 0.48, c);
-      k += 1;
     }
-    CHECK(std::abs(total - k * 4.5) < 0.48);
+    CHECK(std::abs(total - 40 * 4.5) < 0.48);
     // Kept within ± budget / 2: a round capped by H does not bank time without end.
     CHECK(outer::budget_carry(-2.0, 1.0, c) == doctest::Approx(-2.25));
     CHECK(outer::budget_carry(2.0, 9.0, c) == doctest::Approx(2.25));
