@@ -15,7 +15,7 @@ enum class Codec : uint8_t {
   kBf16 = 1,  // round to nearest even, 2 bytes per value
   kInt8 = 2,  // blockwise absmax, fp32 scale per block
   kInt4 = 3,  // blockwise absmax, two values per byte, fp32 scale per block
-  kTopk = 4,  // per block: the topk largest |values| at 2 bits (±scale, ±2·scale), u16 positions
+  kTopk = 4,  // per block: the topk largest |values| at 2 bits (±scale, ±2·scale), u16 position gaps
 };
 
 // Bounds a decoder enforces before it allocates anything a frame declares. The encoder checks
@@ -65,7 +65,7 @@ void validate(const Limits& limits);
 // from its table before any payload byte is read.
 uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk = 0);
 
-// topk: bytes of one block of `len` elements: fp32 scale, u16 positions, 2-bit codes.
+// topk: bytes of one block of `len` elements: fp32 scale, u16 position gaps, 2-bit codes.
 uint64_t topk_block_bytes(uint32_t len, uint32_t topk);
 
 }  // namespace xloco::compress

@@ -95,8 +95,8 @@ void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
       "tensor '{}' (#{}): NaN or Inf {} at {}", e.name, i,
       info.codec == Codec::kFp32 || info.codec == Codec::kBf16 ? "value" : "scale", where);
   XLOCO_FRAME_ENFORCE(defect->defect != kernels::Defect::kBadIndex, kCorrupt,
-                      "tensor '{}' (#{}): topk position at {} is outside its block of {} or not "
-                      "above the one before it (a repeated position)",
+                      "tensor '{}' (#{}): topk position gap at {} puts a position outside its "
+                      "block of {} or repeats one (a zero gap after the first)",
                       e.name, i, where, info.block_size);
   XLOCO_FRAME_ENFORCE(false, kCorrupt,
                       "tensor '{}' (#{}): block scale at {} is negative or above 2^120", e.name, i,

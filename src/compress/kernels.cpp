@@ -515,12 +515,17 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
     select_topk(w, len, k, chosen.data());
     const BlockScale s = fit_topk_scale(w, chosen.data(), k, absmax);
     reinterpret_cast<WireF32*>(out)->v = s.scale;
-    auto* wire_pos = reinterpret_cast<WireU16*>(out + 4);
-    uint8_t* codes = out + 4 + 2 * static_cast<uint64_t>(k);
+    uint8_t* gap_lo = out + 4;  // position gaps, low bytes, then high bytes (frame.h)
+    uint8_t* gap_hi = gap_lo + k;
+    uint8_t* codes = gap_hi + k;
     std::fill(codes, codes + (k + 3) / 4, uint8_t{0});
+    uint32_t prev = 0;
     for (uint32_t j = 0; j < k; ++j) {
       const uint16_t i = chosen[j];
-      wire_pos[j].v = i;
+      const uint32_t gap = i - prev;
+      prev = i;
+      gap_lo[j] = static_cast<uint8_t>(gap);
+      gap_hi[j] = static_cast<uint8_t>(gap >> 8);
       const uint32_t code = topk_code(w[i], s.inv);
       codes[j / 4] = static_cast<uint8_t>(codes[j / 4] | code << (2 * (j % 4)));
       w[i] = w[i] - topk_value(code, s.scale);  // what the receiver misses of this value
@@ -530,9 +535,14 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
   return std::nullopt;
 }
 
+// Gap j of a block's k position gaps (low bytes, then high bytes).
+inline uint32_t topk_gap_at(const uint8_t* gaps, uint32_t k, uint32_t j) {
+  return gaps[j] | uint32_t{gaps[k + j]} << 8;
+}
+
 // Each block of a topk payload, until `block` returns false:
-// `block(start, len, k, record, scale, positions, codes)`, `record` the byte offset of the
-// block's scale within the payload.
+// `block(start, len, k, record, scale, gaps, codes)`, `record` the byte offset of the block's
+// scale within the payload.
 template <class Block>
 inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t block_size,
                                 uint32_t topk, Block&& block) {
@@ -542,9 +552,9 @@ inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t blo
     const uint32_t k = std::min(topk, len);
     const uint8_t* r = payload + record;
     const float scale = reinterpret_cast<const WireF32*>(r)->v;
-    const auto* positions = reinterpret_cast<const WireU16*>(r + 4);
+    const uint8_t* gaps = r + 4;
     const uint8_t* codes = r + 4 + 2 * static_cast<uint64_t>(k);
-    if (!block(start, len, k, record, scale, positions, codes)) return;
+    if (!block(start, len, k, record, scale, gaps, codes)) return;
     record += topk_block_bytes(len, topk);
   }
 }
@@ -554,19 +564,20 @@ std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint
   std::optional<PayloadDefect> defect;
   for_each_topk_block(payload, n, block_size, topk,
                       [&](uint64_t, uint32_t len, uint32_t k, uint64_t at, float scale,
-                          const WireU16* positions, const uint8_t*) {
+                          const uint8_t* gaps, const uint8_t*) {
                         if (!std::isfinite(scale)) {
                           defect = PayloadDefect{Defect::kNonFinite, at};
                         } else if (!(scale >= 0.0f && scale <= kMaxScale)) {
                           defect = PayloadDefect{Defect::kBadScale, at};
                         } else {
-                          int32_t prev = -1;
+                          // p ≤ k · 65535 < 2^32: no overflow before the bound is checked.
+                          uint32_t p = 0;
                           for (uint32_t j = 0; j < k && !defect; ++j) {
-                            const int32_t p = positions[j].v;
-                            if (p <= prev || p >= static_cast<int32_t>(len)) {
-                              defect = PayloadDefect{Defect::kBadIndex, at + 4 + 2 * uint64_t{j}};
+                            const uint32_t gap = topk_gap_at(gaps, k, j);
+                            p += gap;
+                            if ((gap == 0 && j > 0) || p >= len) {
+                              defect = PayloadDefect{Defect::kBadIndex, at + 4 + uint64_t{j}};
                             }
-                            prev = p;
                           }
                         }
                         return !defect;
@@ -579,11 +590,12 @@ void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32
   // Block by block, zeroing each just before its values land, so they land in cache.
   for_each_topk_block(payload, n, block_size, topk,
                       [&](uint64_t start, uint32_t len, uint32_t k, uint64_t, float scale,
-                          const WireU16* positions, const uint8_t* codes) {
+                          const uint8_t* gaps, const uint8_t* codes) {
                         float* o = out + start;
                         if (!add) std::fill(o, o + len, 0.0f);
+                        uint32_t p = 0;
                         for (uint32_t j = 0; j < k; ++j) {
-                          const uint16_t p = positions[j].v;
+                          p += topk_gap_at(gaps, k, j);
                           o[p] = o[p] + topk_value(topk_code_at(codes, j), scale);
                         }
                         return true;
@@ -593,7 +605,7 @@ void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32
 double sum_squares_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk) {
   double sum = 0;
   for_each_topk_block(payload, n, block_size, topk,
-                      [&](uint64_t, uint32_t, uint32_t k, uint64_t, float scale, const WireU16*,
+                      [&](uint64_t, uint32_t, uint32_t k, uint64_t, float scale, const uint8_t*,
                           const uint8_t* codes) {
                         uint64_t m2 = 0;  // Σ magnitude², magnitudes 1 or 2
                         for (uint32_t j = 0; j < k; ++j) m2 += (topk_code_at(codes, j) & 1u) != 0 ? 4 : 1;

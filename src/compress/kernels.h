@@ -27,7 +27,7 @@ enum class Defect {
   kNonFinite,   // NaN or Inf
   kOutOfRange,  // finite but above max_encodable (encode only)
   kBadScale,    // a block scale that is negative or above kMaxScale (decode only)
-  kBadIndex,    // topk: a position outside its block, or not above the one before (decode only)
+  kBadIndex,    // topk: a position outside its block, or a zero gap after the first (decode only)
 };
 
 struct EncodeDefect {
@@ -53,7 +53,8 @@ struct PayloadDefect {
 
 // Checks one tensor's payload before anything is written: non-finite values (fp32, bf16) or
 // scales that are non-finite, negative or above kMaxScale (int8, int4).
-// topk also: positions inside their block and strictly increasing (so none repeats).
+// topk also: positions (sums of the gaps sent) inside their block and strictly increasing (every
+// gap after the first ≥ 1, so none repeats).
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
                                    uint32_t block_size, uint32_t topk = 0);
 

@@ -105,7 +105,9 @@ TEST_SUITE("hostile") {
     f = good;
     put<uint16_t>(f, 4, 1);  // version 1 had no topk field
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
-    put<uint16_t>(f, 4, 3);
+    put<uint16_t>(f, 4, 2);  // version 2 sent topk positions, not gaps
+    CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
+    put<uint16_t>(f, 4, 4);
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
     f = good;
     f[6] = 5;
@@ -266,26 +268,41 @@ TEST_SUITE("hostile") {
     REQUIRE(decode_kind(good, in) == std::nullopt);
     const FrameInfo info = parse_frame(good.data(), good.size(), Limits{});
     REQUIRE(info.topk == 8);
-    const size_t block0 = info.stored_offset;  // first block: scale, 8 positions, 2 code bytes
-    const auto pos = [&](const std::vector<uint8_t>& f, int j) {
-      return get<uint16_t>(f, block0 + 4 + 2 * j);
+    // First block: scale, 8 gap low bytes, 8 gap high bytes, 2 code bytes.
+    const size_t block0 = info.stored_offset;
+    const auto set_gap = [&](std::vector<uint8_t>& f, size_t block, uint32_t k, uint32_t j,
+                             uint32_t gap) {
+      f[block + 4 + j] = static_cast<uint8_t>(gap);
+      f[block + 4 + k + j] = static_cast<uint8_t>(gap >> 8);
     };
+    const auto gap = [&](const std::vector<uint8_t>& f, uint32_t j) {
+      return f[block0 + 4 + j] | uint32_t{f[block0 + 4 + 8 + j]} << 8;
+    };
+    uint32_t last = 0;  // the block's last position: the sum of its gaps
+    for (uint32_t j = 0; j < 8; ++j) last += gap(good, j);
+    REQUIRE(last < 256);
     for (const int level : {0, 1}) {
       CAPTURE(level);
       const auto frame_of = [&](std::vector<uint8_t> f) { return level == 0 ? f : recompress(f); };
       auto f = good;
-      put<uint16_t>(f, block0 + 4, 256);  // the block has 256 values: 0..255
+      set_gap(f, block0, 8, 0, 256);  // the block has 256 values: 0..255
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      put<uint16_t>(f, block0 + 4, 65535);
+      set_gap(f, block0, 8, 7, gap(good, 7) + 256 - last);  // the last position at 256
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      put<uint16_t>(f, block0 + 4 + 2, pos(good, 0));  // a repeated position
+      set_gap(f, block0, 8, 7, gap(good, 7) + 255 - last);  // at 255: still inside
+      CHECK(decode_kind(frame_of(f), in) == std::nullopt);
+      f = good;
+      for (uint32_t j = 0; j < 8; ++j) set_gap(f, block0, 8, j, 65535);  // sums past 2^16
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      put<uint16_t>(f, block0 + 4, pos(good, 1));  // out of order (and repeated)
-      put<uint16_t>(f, block0 + 4 + 2, pos(good, 0));
+      set_gap(f, block0, 8, 3, 0);  // a repeated position
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
+      f = good;
+      set_gap(f, block0, 8, 0, 0);  // a first gap of 0 is position 0: fine
+      set_gap(f, block0, 8, 1, gap(good, 0) + gap(good, 1));
+      CHECK(decode_kind(frame_of(f), in) == std::nullopt);
       f = good;
       put<float>(f, block0, std::numeric_limits<float>::quiet_NaN());
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kNonFinite);
@@ -298,12 +315,12 @@ TEST_SUITE("hostile") {
     // A tensor's last block may be short (ln_1: 129 values in a 256-value block): its positions
     // are bounded by its own length.
     auto f = good;
-    const TensorEntry& last = info.tensors[1];
-    const uint64_t tail = last.numel % 256;
+    const TensorEntry& last_tensor = info.tensors[1];
+    const uint64_t tail = last_tensor.numel % 256;
     REQUIRE(tail != 0);
-    const uint64_t tail_block = info.stored_offset + last.offset + last.bytes -
+    const uint64_t tail_block = info.stored_offset + last_tensor.offset + last_tensor.bytes -
                                 topk_block_bytes(static_cast<uint32_t>(tail), 8);
-    put<uint16_t>(f, tail_block + 4, static_cast<uint16_t>(tail));
+    set_gap(f, tail_block, 8, 0, static_cast<uint32_t>(tail));
     CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
     // The header's count: 0, or more than a block holds.
     f = good;
