@@ -1,6 +1,7 @@
-// Arbitrary floats through encode and decode: non-finite input must be refused as kNonFinite,
-// values beyond the codec's range as kOverLimit, and anything else must round-trip within the
-// codec's bound, with finite residuals.
+// Arbitrary floats through encode and decode, every codec: non-finite input must be refused as
+// kNonFinite, values beyond the codec's range as kOverLimit, and anything else must round-trip
+// within the codec's bound (topk: at most k values a block, the rest in the residual), with
+// finite residuals.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,7 @@ void check_bound(Codec codec, uint32_t block, const std::vector<float>& x,
     }
     return;
   }
+  if (codec == Codec::kTopk) return;  // checked against the residual, below
   const double levels = codec == Codec::kInt8 ? 127 : 7;
   for (size_t start = 0; start < x.size(); start += block) {
     const size_t end = std::min(x.size(), start + block);
@@ -53,12 +55,33 @@ void check_bound(Codec codec, uint32_t block, const std::vector<float>& x,
   }
 }
 
+// topk sends at most k values per block, each at most 2 · absmax, and keeps the rest exactly:
+// decoded + residual = x to one rounding (the first encode, when the residual was zero).
+void check_topk(uint32_t block, uint32_t k, const std::vector<float>& x,
+                const std::vector<float>& y, const std::vector<float>& residual) {
+  require(residual.size() == x.size());
+  for (size_t start = 0; start < x.size(); start += block) {
+    const size_t end = std::min(x.size(), start + block);
+    double m = 0;
+    size_t sent = 0;
+    for (size_t i = start; i < end; ++i) m = std::max(m, std::fabs(double{x[i]}));
+    for (size_t i = start; i < end; ++i) {
+      sent += y[i] != 0.0f ? 1 : 0;
+      require(std::fabs(double{y[i]}) <= 2 * m);
+      const double miss = std::fabs(double{x[i]} - (double{y[i]} + residual[i]));
+      require(miss <= (std::fabs(double{x[i]}) + std::fabs(double{y[i]})) * 0x1p-24 + 0x1p-149);
+    }
+    require(sent <= k);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  const auto codec = static_cast<Codec>(data[0] % 4);
+  const auto codec = static_cast<Codec>(data[0] % 5);
   const uint32_t block = 2 * (1 + data[1] % 64);
+  const uint32_t topk = codec == Codec::kTopk ? 1 + (data[0] / 5) % block : 0;
   const size_t n = std::min<size_t>((size - 2) / 4, 1 << 14);
   std::vector<float> x(n);
   if (n != 0) std::memcpy(x.data(), data + 2, 4 * n);
@@ -73,6 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CodecConfig config;
   config.codec = codec;
   config.block_size = block;
+  config.topk = topk;
   config.zstd_level = data[1] & 0x80 ? 1 : 0;
   config.limits = fuzz::fuzz_limits();
   Encoder encoder(config);
@@ -91,6 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Decoder decoder(config.limits);
   decoder.decode(frame, {{"x", {static_cast<int64_t>(n)}, y.data()}});
   check_bound(codec, block, x, y);
+  if (codec == Codec::kTopk) check_topk(block, topk, x, y, *encoder.residual("x"));
   if (const std::vector<float>* e = encoder.residual("x")) {
     for (const float v : *e) require(std::isfinite(v));
     // A second round on top of the residual must encode unless x + e may leave the range.
