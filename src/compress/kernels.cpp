@@ -570,7 +570,7 @@ std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint
                         } else if (!(scale >= 0.0f && scale <= kMaxScale)) {
                           defect = PayloadDefect{Defect::kBadScale, at};
                         } else {
-                          // p ≤ k · 65535 < 2^32: no overflow before the bound is checked.
+                          // p < len ≤ 2^16 before each gap is added: no overflow.
                           uint32_t p = 0;
                           for (uint32_t j = 0; j < k && !defect; ++j) {
                             const uint32_t gap = topk_gap_at(gaps, k, j);
