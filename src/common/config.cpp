@@ -86,6 +86,8 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
   v("outer.topk", c.outer.topk, Range{0, 1 << 16});
   v("outer.topk_down", c.outer.topk_down, Range{0, 1 << 16});
+  v("outer.topk_bits", c.outer.topk_bits, Range{2, 4});
+  v("outer.topk_bits_down", c.outer.topk_bits_down, Range{0, 4});
   v("outer.ef_decay", c.outer.ef_decay, Range{0, 1});
   v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
   v("outer.providers", c.outer.providers, Range{1, 4096});
@@ -265,6 +267,14 @@ void validate(const Config& c) {
                   "config: outer.topk = {} exceeds outer.block_size = {}", c.outer.topk,
                   c.outer.block_size);
   }
+  XLOCO_ENFORCE(c.outer.topk_bits == 2 || c.outer.topk_bits == 4, ConfigError,
+                "config: outer.topk_bits = {}: topk values are 2 or 4 bits", c.outer.topk_bits);
+  XLOCO_ENFORCE(c.outer.topk_bits_down == 0 || c.outer.topk_bits_down == 2 ||
+                    c.outer.topk_bits_down == 4,
+                ConfigError,
+                "config: outer.topk_bits_down = {}: topk values are 2 or 4 bits (0: as "
+                "outer.topk_bits)",
+                c.outer.topk_bits_down);
   XLOCO_ENFORCE(c.outer.delay_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.delay_steps = {} exceeds outer.inner_steps = {} (the update of a "
                 "round is folded in within the next one)", c.outer.delay_steps, c.outer.inner_steps);
@@ -396,6 +406,8 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("delay_steps");
   j["outer"].erase("fold");
   if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
+  if (c.outer.topk_bits == 2) j["outer"].erase("topk_bits");   // likewise
+  if (c.outer.topk_bits_down == 0) j["outer"].erase("topk_bits_down");  // likewise
   // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
   if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
   if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise

@@ -93,6 +93,8 @@ struct OuterConfig {
   int topk_down = 0;             // topk on the downlink: values per block; 0 = as outer.topk. The
                                  // head's update carries the sum of K sparse contributions, so
                                  // up to K times as many values move per round as one sends.
+  int topk_bits = 2;             // topk: bits per value sent, 2 (±s, ±2s) or 4 (±s … ±8s)
+  int topk_bits_down = 0;        // the same on the downlink; 0 = as outer.topk_bits
   double ef_decay = 1.0;         // uplink error feedback: e ← ef_decay · e + Δ at each round
                                  // (SparseLoCo's β, for topk); 1 keeps every unsent value
   int zstd_level = 1;            // 0 = store raw

@@ -72,6 +72,9 @@ void validate(const CodecConfig& config) {
                 "compress: topk needs block_size ≤ {} and 1 ≤ topk ≤ block_size (block_size {}, "
                 "topk {})",
                 kMaxTopkBlock, config.block_size, config.topk);
+  XLOCO_ENFORCE(config.codec != Codec::kTopk || config.topk_bits == 2 || config.topk_bits == 4,
+                common::ConfigError, "compress: topk values are 2 or 4 bits, not {}",
+                config.topk_bits);
   XLOCO_ENFORCE(config.zstd_level == 0 || (config.zstd_level >= ZSTD_minCLevel() &&
                                            config.zstd_level <= ZSTD_maxCLevel()),
                 common::ConfigError, "compress.zstd_level: {} is outside [{}, {}]",
@@ -97,17 +100,18 @@ void validate(const Limits& limits) {
                 "bytes ≤ 2^62, tensors < 2^32, name bytes < 2^16, rank < 256)");
 }
 
-uint64_t topk_block_bytes(uint32_t len, uint32_t topk) {
+uint64_t topk_block_bytes(uint32_t len, uint32_t topk, uint32_t topk_bits) {
   const uint64_t k = std::min(len, topk);
-  return 4 + 2 * k + (k + 3) / 4;
+  return 4 + 2 * k + (topk_bits == 4 ? (k + 1) / 2 : (k + 3) / 4);
 }
 
-uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk) {
+uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk,
+                              uint32_t topk_bits) {
   switch (codec) {
     case Codec::kTopk: {
       const uint64_t full = n / block_size, tail = n % block_size;
-      return full * topk_block_bytes(block_size, topk) +
-             (tail != 0 ? topk_block_bytes(static_cast<uint32_t>(tail), topk) : 0);
+      return full * topk_block_bytes(block_size, topk, topk_bits) +
+             (tail != 0 ? topk_block_bytes(static_cast<uint32_t>(tail), topk, topk_bits) : 0);
     }
     case Codec::kFp32:
       return 4 * n;

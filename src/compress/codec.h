@@ -15,7 +15,8 @@ enum class Codec : uint8_t {
   kBf16 = 1,  // round to nearest even, 2 bytes per value
   kInt8 = 2,  // blockwise absmax, fp32 scale per block
   kInt4 = 3,  // blockwise absmax, two values per byte, fp32 scale per block
-  kTopk = 4,  // per block: the topk largest |values| at 2 bits (±scale, ±2·scale), u16 position gaps
+  kTopk = 4,  // per block: the topk largest |values| at 2 bits (±scale, ±2·scale) or 4 bits
+              // (±m·scale, m = 1..8; frame flag kFlagTopk4), u16 position gaps
 };
 
 // Bounds a decoder enforces before it allocates anything a frame declares. The encoder checks
@@ -33,6 +34,7 @@ struct CodecConfig {
   uint32_t block_size = 256;   // elements per absmax block (int8, int4; even for int4), or per
                                // top-k chunk (topk; at most kMaxTopkBlock)
   uint32_t topk = 0;           // topk: values sent per block (1..block_size); else unused (0)
+  uint32_t topk_bits = 2;      // topk: bits per value sent, 2 or 4 (else unused)
   int zstd_level = 1;          // 0 stores the payload raw; < 0 are zstd's fast levels (*)
   int zstd_threads = 0;        // zstd worker threads for compression; 0 compresses inline
   bool error_feedback = true;  // keep e ← (x + e) − deq(Q(x + e)) per tensor (design §2)
@@ -63,9 +65,11 @@ void validate(const Limits& limits);
 // Payload bytes of one tensor of n elements; n ≤ 2^62 keeps this overflow-free. Fixed for every
 // codec (topk sends exactly min(topk, block length) values per block), so a frame's size is known
 // from its table before any payload byte is read.
-uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk = 0);
+uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk = 0,
+                              uint32_t topk_bits = 2);
 
-// topk: bytes of one block of `len` elements: fp32 scale, u16 position gaps, 2-bit codes.
-uint64_t topk_block_bytes(uint32_t len, uint32_t topk);
+// topk: bytes of one block of `len` elements: fp32 scale, u16 position gaps, then the codes,
+// `topk_bits` (2 or 4) each.
+uint64_t topk_block_bytes(uint32_t len, uint32_t topk, uint32_t topk_bits = 2);
 
 }  // namespace xloco::compress

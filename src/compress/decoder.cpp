@@ -79,13 +79,14 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorEntry& e = info.tensors[i];
     kernels::decode(info.codec, p + e.offset, e.numel, info.block_size, targets[i].data, add,
-                    info.topk);
+                    info.topk, info.topk_bits);
   }
 }
 
 void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const {
   const TensorEntry& e = info.tensors[i];
-  const auto defect = kernels::check(info.codec, bytes, e.numel, info.block_size, info.topk);
+  const auto defect =
+      kernels::check(info.codec, bytes, e.numel, info.block_size, info.topk, info.topk_bits);
   if (!defect) return;
   const uint64_t at = e.offset + defect->byte_offset;
   const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
@@ -162,7 +163,8 @@ void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
               [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); });
   stream_pass(stored, info, false, [&](size_t i, const uint8_t* bytes) {
     const TensorEntry& e = info.tensors[i];
-    kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add, info.topk);
+    kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add, info.topk,
+                    info.topk_bits);
   });
 }
 
@@ -172,7 +174,8 @@ double Decoder::norm(const uint8_t* frame, size_t size) {
   const auto tensor = [&](size_t i, const uint8_t* bytes) {
     check_tensor(info, i, bytes);
     const TensorEntry& e = info.tensors[i];
-    sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size, info.topk);
+    sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size, info.topk,
+                                info.topk_bits);
   };
   if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
     stream_pass(prepare_stream(frame, info), info, true, tensor);

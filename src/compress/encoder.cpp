@@ -65,6 +65,7 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
   info.codec = config_.codec;
   info.block_size = config_.block_size;
   info.topk = config_.codec == Codec::kTopk ? config_.topk : 0;
+  info.topk_bits = config_.topk_bits;
   info.tensors.reserve(inputs.size());
   std::unordered_set<std::string_view> names;
   uint64_t offset = 0;
@@ -89,7 +90,7 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
                         limits.max_tensor_elements);
     XLOCO_FRAME_ENFORCE(in.data != nullptr || e.numel == 0, kMismatch,
                         "tensor '{}': no data for {} elements", in.name, e.numel);
-    e.bytes = tensor_payload_bytes(info.codec, e.numel, info.block_size, info.topk);
+    e.bytes = tensor_payload_bytes(info.codec, e.numel, info.block_size, info.topk, info.topk_bits);
     offset += e.bytes;
     XLOCO_FRAME_ENFORCE(offset <= limits.max_payload_bytes, kOverLimit,
                         "payload reaches {} bytes at tensor '{}', limit {}", offset, in.name,
@@ -145,7 +146,7 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
     }
     uint8_t* dst = zstd_ ? scratch_.get() : payload + e.offset;
     const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size, dst,
-                                        info.topk);
+                                        info.topk, info.topk_bits);
     if (defect) {
       // With feedback, the residual holds x + e for the defective block.
       const float x = in.data[defect->index];

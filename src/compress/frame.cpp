@@ -92,7 +92,8 @@ TensorEntry read_entry(TableReader& table, uint64_t index, uint64_t expected_off
   }
   e.offset = table.read<uint64_t>("payload offset");
   e.bytes = table.read<uint64_t>("payload bytes");
-  const uint64_t expected_bytes = tensor_payload_bytes(info.codec, e.numel, info.block_size, info.topk);
+  const uint64_t expected_bytes =
+      tensor_payload_bytes(info.codec, e.numel, info.block_size, info.topk, info.topk_bits);
   XLOCO_FRAME_ENFORCE(e.offset == expected_offset && e.bytes == expected_bytes, kCorrupt,
                       "tensor '{}' (#{}): payload range [{}, +{}) where {} {} elements need "
                       "[{}, +{})",
@@ -123,9 +124,13 @@ FrameInfo parse_frame(const uint8_t* frame, size_t size, const Limits& limits) {
   FrameInfo info;
   info.codec = static_cast<Codec>(codec_id);
   const uint8_t flags = frame[7];
-  XLOCO_FRAME_ENFORCE((flags & ~kFlagZstd) == 0, kCorrupt, "unknown flags {:#04x} at offset 7",
-                      flags);
+  XLOCO_FRAME_ENFORCE((flags & ~(kFlagZstd | kFlagTopk4)) == 0, kCorrupt,
+                      "unknown flags {:#04x} at offset 7", flags);
+  XLOCO_FRAME_ENFORCE((flags & kFlagTopk4) == 0 || info.codec == Codec::kTopk, kCorrupt,
+                      "flags {:#04x} at offset 7: 4-bit values on a {} frame", flags,
+                      to_string(info.codec));
   info.zstd = (flags & kFlagZstd) != 0;
+  info.topk_bits = (flags & kFlagTopk4) != 0 ? 4 : 2;
   info.block_size = load<uint32_t>(frame + 8);
   const auto tensor_count = load<uint32_t>(frame + 12);
   const auto table_bytes = load<uint32_t>(frame + 16);
@@ -204,7 +209,8 @@ void write_frame_prefix(const FrameInfo& info, uint8_t* out) {
   std::memcpy(out, kFrameMagic, sizeof(kFrameMagic));
   uint8_t* p = store<uint16_t>(out + 4, kFormatVersion);
   p = store<uint8_t>(p, static_cast<uint8_t>(info.codec));
-  p = store<uint8_t>(p, info.zstd ? kFlagZstd : 0);
+  const bool topk4 = info.codec == Codec::kTopk && info.topk_bits == 4;
+  p = store<uint8_t>(p, static_cast<uint8_t>((info.zstd ? kFlagZstd : 0) | (topk4 ? kFlagTopk4 : 0)));
   p = store<uint32_t>(p, info.block_size);
   p = store<uint32_t>(p, static_cast<uint32_t>(info.tensors.size()));
   p = store<uint32_t>(p, static_cast<uint32_t>(table_bytes));

@@ -4,7 +4,8 @@
 //
 // All integers little-endian. Header (40 bytes; version 2 added the topk codec and field, version
 // 3 sends topk positions as gaps):
-//   0  "XLCF"   4  u16 version   6  u8 codec   7  u8 flags (bit 0: payload is zstd)
+//   0  "XLCF"   4  u16 version   6  u8 codec   7  u8 flags (bit 0: payload is zstd; bit 1,
+//      topk only: values at 4 bits; a frame without it is byte for byte what it was before)
 //   8  u32 block_size   12 u32 tensor_count   16 u32 table_bytes
 //   20 u64 payload_bytes (uncompressed)   28 u64 stored_bytes (what follows the table)
 //   36 u32 topk (values per block for the topk codec, 0 for the others)
@@ -16,7 +17,8 @@
 //   within the block as u16 gaps g_j = p_j − p_(j−1) (p_(−1) = 0; g_j ≥ 1 for j ≥ 1, so
 //   positions strictly increase; p_(k−1) < len), k low bytes then k high bytes, then ceil(k/4)
 //   bytes of 2-bit codes (value j in bits 2(j mod 4)..: bit 0 magnitude 1 or 2, bit 1 sign),
-//   value = ±magnitude·scale. Gaps, low bytes apart from high ones, are what zstd shrinks:
+//   value = ±magnitude·scale; with flag bit 1, ceil(k/2) bytes of 4-bit codes (value j in bits
+//   4(j mod 2)..: bits 0-2 magnitude − 1, so 1..8, bit 3 sign). Gaps, low bytes apart from high ones, are what zstd shrinks:
 //   about 11 bits a value at 64 of 4096 and 8 at 256, against 16 for u16 positions.
 // Tensors are packed in table order without gaps; the frame ends exactly after stored_bytes.
 // A raw payload (zstd did not pay) has no checksum of its own: the transport authenticates
@@ -37,6 +39,7 @@ inline constexpr char kFrameMagic[4] = {'X', 'L', 'C', 'F'};
 inline constexpr uint16_t kFormatVersion = 3;
 inline constexpr size_t kHeaderBytes = 40;
 inline constexpr uint8_t kFlagZstd = 1;
+inline constexpr uint8_t kFlagTopk4 = 2;  // topk values at 4 bits
 
 struct TensorEntry {
   std::string name;
@@ -50,6 +53,7 @@ struct FrameInfo {
   Codec codec = Codec::kFp32;
   uint32_t block_size = 0;
   uint32_t topk = 0;           // topk codec: values per block
+  uint32_t topk_bits = 2;      // topk codec: bits per value (2, or 4 with kFlagTopk4)
   bool zstd = false;           // payload stored as a zstd frame, else raw
   uint64_t payload_bytes = 0;  // uncompressed
   uint64_t stored_bytes = 0;   // as on the wire

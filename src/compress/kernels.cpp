@@ -328,22 +328,43 @@ inline void for_each_block(const uint8_t* payload, uint64_t n, uint32_t block_si
 }
 
 
-// ---------------------------------------------------------------- topk: sparse, 2-bit values
+// ---------------------------------------------------------------- topk: sparse, 2- or 4-bit values
 
-// Magnitude 1 or 2 (bit 0) and sign (bit 1) of one code; value = ±magnitude · scale, exact.
-inline float topk_value(uint32_t code, float scale) {
-  const float v = (code & 1u) != 0 ? scale + scale : scale;
-  return (code & 2u) != 0 ? -v : v;
-}
-// Code j of a block's packed codes (four per byte, code j in bits 2(j mod 4)..).
-inline uint32_t topk_code_at(const uint8_t* codes, uint32_t j) {
-  return (codes[j / 4] >> (2 * (j % 4))) & 3u;
-}
-inline uint32_t topk_code(float v, float inv) {
-  // |v|·inv (inv = 1 / scale): at or above 1.5 the nearer level is 2.
-  const uint32_t big = std::fabs(v) * inv >= 1.5f ? 1u : 0u;
-  return big | (std::signbit(v) ? 2u : 0u);
-}
+// The codes of one value, `Bits` (2 or 4) wide, packed from bit 0 of the first byte on:
+// 2 bits: magnitude 1 or 2 (bit 0) and sign (bit 1); 4 bits: magnitude 1..8 (bits 0-2, stored
+// as magnitude − 1) and sign (bit 3). Value = ±magnitude · scale.
+template <uint32_t Bits>
+struct TopkCode {
+  static_assert(Bits == 2 || Bits == 4);
+  static constexpr uint32_t kLevels = Bits == 2 ? 2 : 8;  // magnitudes 1..kLevels
+  static constexpr uint32_t kSign = Bits == 2 ? 2u : 8u;
+  static constexpr uint32_t kPerByte = 8 / Bits;
+  static uint32_t at(const uint8_t* codes, uint32_t j) {
+    return (codes[j / kPerByte] >> (Bits * (j % kPerByte))) & ((1u << Bits) - 1);
+  }
+  static void put(uint8_t* codes, uint32_t j, uint32_t code) {
+    codes[j / kPerByte] = static_cast<uint8_t>(codes[j / kPerByte] | code << (Bits * (j % kPerByte)));
+  }
+  static uint32_t magnitude(uint32_t code) { return (code & (kSign - 1)) + 1; }
+  static float value(uint32_t code, float scale) {
+    // 2 bits: scale + scale is exact; 4 bits: one rounding of m · scale, the same everywhere.
+    const float v = Bits == 2 ? ((code & 1u) != 0 ? scale + scale : scale)
+                              : static_cast<float>(magnitude(code)) * scale;
+    return (code & kSign) != 0 ? -v : v;
+  }
+  // The nearer level to |v|·inv (inv = 1 / scale), clamped to 1..kLevels, with v's sign.
+  static uint32_t encode(float v, float inv) {
+    const float r = std::fabs(v) * inv;
+    uint32_t m;
+    if constexpr (Bits == 2) {
+      m = r >= 1.5f ? 2u : 1u;
+    } else {
+      // min first: r can be far above 8 (or inf) when the fit put the scale low.
+      m = std::clamp(static_cast<uint32_t>(std::min(r, 8.0f) + 0.5f), 1u, kLevels);
+    }
+    return (m - 1) | (std::signbit(v) ? kSign : 0u);
+  }
+};
 
 // The bits of |v| as a signed integer: for non-negative floats the integer order is the float
 // order, and they fit in 31 bits (SSE2 compares signed integers only).
@@ -464,36 +485,46 @@ void select_topk(const float* w, uint32_t len, uint32_t k, uint16_t* pos) {
   }
 }
 
-// The scale s of the levels ±s, ±2s for the chosen values: least squares over their
+// The scale s of the levels ±s, ±2s (4 bits: ±s … ±8s) for the chosen values: least squares over their
 // magnitudes (Lloyd's iterations from s = absmax / 2, each value at its nearer level), so that
 // the levels sit where the sent values are rather than at absmax, which overshoots the smaller
 // ones (by up to 2.5× at 1/32 of a heavy-tailed block). No iteration raises the squared error of
 // the one before, so it is at most that of absmax / 2; s ≤ absmax, and the same inputs give the
 // same s everywhere (a fixed order of sums, in double).
+template <uint32_t Bits>
 BlockScale fit_topk_scale(const float* w, const uint16_t* chosen, uint32_t k, float absmax) {
-  const BlockScale first = block_scale(absmax, 2.0f);
+  constexpr uint32_t kLevels = TopkCode<Bits>::kLevels;
+  const BlockScale first = block_scale(absmax, static_cast<float>(kLevels));
   if (first.scale == 0.0f || k == 0) return first;
   double s = first.scale;
-  for (int iter = 0; iter < 4; ++iter) {
+  for (int iter = 0; iter < (Bits == 2 ? 4 : 6); ++iter) {
     double num = 0, den = 0;
     for (uint32_t j = 0; j < k; ++j) {
       const double m = std::fabs(w[chosen[j]]);
-      const bool big = m >= 1.5 * s;
-      num += big ? 2 * m : m;
-      den += big ? 4 : 1;
+      if constexpr (Bits == 2) {
+        const bool big = m >= 1.5 * s;
+        num += big ? 2 * m : m;
+        den += big ? 4 : 1;
+      } else {
+        const double l = std::clamp(std::floor(m / s + 0.5), 1.0, double{kLevels});
+        num += l * m;
+        den += l * l;
+      }
     }
     const double next = num / den;
     if (!(next > 0) || next == s) break;
     s = next;
   }
   const auto scale = static_cast<float>(s);
-  // Within what the decoder accepts (the fit may land above absmax / 2, near a huge absmax).
-  if (!(scale >= kMinAbsmax / 2) || scale > absmax || scale > kMaxScale) return first;
+  // Within what the decoder accepts (the fit may land above absmax / levels, near a huge absmax).
+  if (!(scale >= kMinAbsmax / kLevels) || scale > absmax || scale > kMaxScale) return first;
   return {scale, 1.0f / scale};
 }
 
+template <uint32_t Bits>
 std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_t n,
                                         uint32_t block_size, uint32_t topk, uint8_t* out) {
+  using Code = TopkCode<Bits>;
   const float limit = max_encodable(Codec::kTopk);
   thread_local std::vector<float> scratch;  // w without feedback
   for (uint64_t start = 0; start < n; start += block_size) {
@@ -513,12 +544,12 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
     thread_local std::vector<uint16_t> chosen;
     chosen.resize(k);
     select_topk(w, len, k, chosen.data());
-    const BlockScale s = fit_topk_scale(w, chosen.data(), k, absmax);
+    const BlockScale s = fit_topk_scale<Bits>(w, chosen.data(), k, absmax);
     reinterpret_cast<WireF32*>(out)->v = s.scale;
     uint8_t* gap_lo = out + 4;  // position gaps, low bytes, then high bytes (frame.h)
     uint8_t* gap_hi = gap_lo + k;
     uint8_t* codes = gap_hi + k;
-    std::fill(codes, codes + (k + 3) / 4, uint8_t{0});
+    std::fill(codes, codes + (k + Code::kPerByte - 1) / Code::kPerByte, uint8_t{0});
     uint32_t prev = 0;
     for (uint32_t j = 0; j < k; ++j) {
       const uint16_t i = chosen[j];
@@ -526,11 +557,11 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
       prev = i;
       gap_lo[j] = static_cast<uint8_t>(gap);
       gap_hi[j] = static_cast<uint8_t>(gap >> 8);
-      const uint32_t code = topk_code(w[i], s.inv);
-      codes[j / 4] = static_cast<uint8_t>(codes[j / 4] | code << (2 * (j % 4)));
-      w[i] = w[i] - topk_value(code, s.scale);  // what the receiver misses of this value
+      const uint32_t code = Code::encode(w[i], s.inv);
+      Code::put(codes, j, code);
+      w[i] = w[i] - Code::value(code, s.scale);  // what the receiver misses of this value
     }
-    out += topk_block_bytes(len, topk);
+    out += topk_block_bytes(len, topk, Bits);
   }
   return std::nullopt;
 }
@@ -545,7 +576,7 @@ inline uint32_t topk_gap_at(const uint8_t* gaps, uint32_t k, uint32_t j) {
 // scale within the payload.
 template <class Block>
 inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t block_size,
-                                uint32_t topk, Block&& block) {
+                                uint32_t topk, uint32_t topk_bits, Block&& block) {
   uint64_t record = 0;
   for (uint64_t start = 0; start < n; start += block_size) {
     const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
@@ -555,14 +586,15 @@ inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t blo
     const uint8_t* gaps = r + 4;
     const uint8_t* codes = r + 4 + 2 * static_cast<uint64_t>(k);
     if (!block(start, len, k, record, scale, gaps, codes)) return;
-    record += topk_block_bytes(len, topk);
+    record += topk_block_bytes(len, topk, topk_bits);
   }
 }
 
+// Every code of either width is a valid value: only the scale and the positions can be wrong.
 std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint32_t block_size,
-                                        uint32_t topk) {
+                                        uint32_t topk, uint32_t topk_bits) {
   std::optional<PayloadDefect> defect;
-  for_each_topk_block(payload, n, block_size, topk,
+  for_each_topk_block(payload, n, block_size, topk, topk_bits,
                       [&](uint64_t, uint32_t len, uint32_t k, uint64_t at, float scale,
                           const uint8_t* gaps, const uint8_t*) {
                         if (!std::isfinite(scale)) {
@@ -585,10 +617,12 @@ std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint
   return defect;
 }
 
+template <uint32_t Bits>
 void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk,
                  float* out, bool add) {
+  using Code = TopkCode<Bits>;
   // Block by block, zeroing each just before its values land, so they land in cache.
-  for_each_topk_block(payload, n, block_size, topk,
+  for_each_topk_block(payload, n, block_size, topk, Bits,
                       [&](uint64_t start, uint32_t len, uint32_t k, uint64_t, float scale,
                           const uint8_t* gaps, const uint8_t* codes) {
                         float* o = out + start;
@@ -596,19 +630,24 @@ void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32
                         uint32_t p = 0;
                         for (uint32_t j = 0; j < k; ++j) {
                           p += topk_gap_at(gaps, k, j);
-                          o[p] = o[p] + topk_value(topk_code_at(codes, j), scale);
+                          o[p] = o[p] + Code::value(Code::at(codes, j), scale);
                         }
                         return true;
                       });
 }
 
+template <uint32_t Bits>
 double sum_squares_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk) {
+  using Code = TopkCode<Bits>;
   double sum = 0;
-  for_each_topk_block(payload, n, block_size, topk,
+  for_each_topk_block(payload, n, block_size, topk, Bits,
                       [&](uint64_t, uint32_t, uint32_t k, uint64_t, float scale, const uint8_t*,
                           const uint8_t* codes) {
-                        uint64_t m2 = 0;  // Σ magnitude², magnitudes 1 or 2
-                        for (uint32_t j = 0; j < k; ++j) m2 += (topk_code_at(codes, j) & 1u) != 0 ? 4 : 1;
+                        uint64_t m2 = 0;  // Σ magnitude²
+                        for (uint32_t j = 0; j < k; ++j) {
+                          const uint64_t m = Code::magnitude(Code::at(codes, j));
+                          m2 += m * m;
+                        }
                         sum += static_cast<double>(scale) * scale * static_cast<double>(m2);
                         return true;
                       });
@@ -633,8 +672,12 @@ float max_encodable(Codec codec) {
 }
 
 std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
-                                   uint32_t block_size, uint8_t* out, uint32_t topk) {
-  if (codec == Codec::kTopk) return encode_topk(x, residual, n, block_size, topk, out);
+                                   uint32_t block_size, uint8_t* out, uint32_t topk,
+                                   uint32_t topk_bits) {
+  if (codec == Codec::kTopk) {
+    return topk_bits == 4 ? encode_topk<4>(x, residual, n, block_size, topk, out)
+                          : encode_topk<2>(x, residual, n, block_size, topk, out);
+  }
   if (codec == Codec::kFp32 || codec == Codec::kBf16) {
     return encode_elementwise(codec, x, residual, n, out);
   }
@@ -642,8 +685,8 @@ std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual,
 }
 
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
-                                   uint32_t block_size, uint32_t topk) {
-  if (codec == Codec::kTopk) return check_topk(payload, n, block_size, topk);
+                                   uint32_t block_size, uint32_t topk, uint32_t topk_bits) {
+  if (codec == Codec::kTopk) return check_topk(payload, n, block_size, topk, topk_bits);
   if (codec == Codec::kFp32 || codec == Codec::kBf16) {
     return check_elementwise(codec, payload, n);
   }
@@ -657,10 +700,14 @@ std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t
 }
 
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
-            bool add, uint32_t topk) {
+            bool add, uint32_t topk, uint32_t topk_bits) {
   switch (codec) {
     case Codec::kTopk:
-      decode_topk(payload, n, block_size, topk, out, add);
+      if (topk_bits == 4) {
+        decode_topk<4>(payload, n, block_size, topk, out, add);
+      } else {
+        decode_topk<2>(payload, n, block_size, topk, out, add);
+      }
       return;
     case Codec::kFp32:
       if (add) {
@@ -686,11 +733,12 @@ void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size
 }
 
 double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size,
-                   uint32_t topk) {
+                   uint32_t topk, uint32_t topk_bits) {
   double sum = 0;
   switch (codec) {
     case Codec::kTopk:
-      return sum_squares_topk(payload, n, block_size, topk);
+      return topk_bits == 4 ? sum_squares_topk<4>(payload, n, block_size, topk)
+                            : sum_squares_topk<2>(payload, n, block_size, topk);
     case Codec::kFp32: {
       const auto* v = reinterpret_cast<const WireF32*>(payload);
       for (uint64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i].v) * v[i].v;

@@ -41,10 +41,11 @@ struct EncodeDefect {
 // `residual` holds w for the defective element's block (so callers can report it) and
 // unspecified values elsewhere.
 // topk keeps in `residual` every value it did not send, and for those it sent the difference
-// to their 2-bit value. The positions sent are the topk largest |x + residual| per block, ties
+// to their 2-bit (or 4-bit, `topk_bits`) value. The positions sent are the topk largest |x + residual| per block, ties
 // to the lower position: the same input gives the same bytes on every machine.
 std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
-                                   uint32_t block_size, uint8_t* out, uint32_t topk = 0);
+                                   uint32_t block_size, uint8_t* out, uint32_t topk = 0,
+                                   uint32_t topk_bits = 2);
 
 struct PayloadDefect {
   Defect defect;
@@ -56,16 +57,17 @@ struct PayloadDefect {
 // topk also: positions (sums of the gaps sent) inside their block and strictly increasing (every
 // gap after the first ≥ 1, so none repeats).
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
-                                   uint32_t block_size, uint32_t topk = 0);
+                                   uint32_t block_size, uint32_t topk = 0,
+                                   uint32_t topk_bits = 2);
 
 // out = deq(payload), or out += deq(payload) when `add`. Only for payloads check() accepted.
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
-            bool add, uint32_t topk = 0);
+            bool add, uint32_t topk = 0, uint32_t topk_bits = 2);
 
 // Σ deq(payload)², accumulated in double (an int8/int4 block adds scale² · Σq²), so that a
 // frame's norm is known without writing its values anywhere. Only for payloads check() accepted;
 // the result is finite for every such payload (|deq| < 2^128 each).
 double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size,
-                   uint32_t topk = 0);
+                   uint32_t topk = 0, uint32_t topk_bits = 2);
 
 }  // namespace xloco::compress::kernels

@@ -45,7 +45,7 @@ std::int64_t GlobalModel::max_update_bytes() const {
   const auto codec = downlink_codec(config_.outer);
   for (const auto& s : layout().slots) {
     payload += compress::tensor_payload_bytes(codec.codec, static_cast<std::uint64_t>(s.numel),
-                                              codec.block_size, codec.topk);
+                                              codec.block_size, codec.topk, codec.topk_bits);
   }
   return static_cast<std::int64_t>(payload) + (std::int64_t{1} << 20);
 }

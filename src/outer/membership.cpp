@@ -216,10 +216,14 @@ std::optional<std::string> frame_problem(const net::Frame& frame, const common::
     return fmt::format("its block size is {}, the run's outer.block_size is {}", info.block_size,
                        config.block_size);
   }
-  const uint32_t topk = uplink_codec(config).topk;
-  if (info.topk != topk) {
+  const compress::CodecConfig up = uplink_codec(config);
+  if (info.topk != up.topk) {
     return fmt::format("it sends {} values per block, the run's outer.topk gives {}", info.topk,
-                       topk);
+                       up.topk);
+  }
+  if (want == compress::Codec::kTopk && info.topk_bits != up.topk_bits) {
+    return fmt::format("it sends {}-bit values, the run's outer.topk_bits is {}", info.topk_bits,
+                       up.topk_bits);
   }
   return frame_mismatch(info, layout);
 }

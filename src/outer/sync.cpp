@@ -14,6 +14,7 @@ compress::CodecConfig base(const common::OuterConfig& c, common::CodecKind codec
   cc.block_size = static_cast<uint32_t>(c.block_size);
   if (cc.codec == compress::Codec::kTopk) {
     cc.topk = static_cast<uint32_t>(c.topk > 0 ? c.topk : std::max(1, c.block_size / 64));
+    cc.topk_bits = static_cast<uint32_t>(c.topk_bits);
   }
   cc.zstd_level = c.zstd_level;
   return cc;
@@ -42,6 +43,9 @@ compress::CodecConfig uplink_codec(const common::OuterConfig& c) {
 compress::CodecConfig downlink_codec(const common::OuterConfig& c) {
   auto cc = base(c, c.codec_down);
   if (cc.codec == compress::Codec::kTopk && c.topk_down > 0) cc.topk = static_cast<uint32_t>(c.topk_down);
+  if (cc.codec == compress::Codec::kTopk && c.topk_bits_down > 0) {
+    cc.topk_bits = static_cast<uint32_t>(c.topk_bits_down);
+  }
   // The downlink residual is θ_true − θ_pub itself, kept on the head: no separate feedback.
   cc.error_feedback = false;
   return cc;

@@ -22,11 +22,12 @@ struct Drift {
   double abs_error = 0;      // Σ|Σdeq − Σx| over elements
 };
 
-Drift run_rounds(Codec codec, bool feedback) {
+Drift run_rounds(Codec codec, bool feedback, uint32_t topk_bits = 2) {
   CodecConfig config;
   config.codec = codec;
   config.error_feedback = feedback;
   if (codec == Codec::kTopk) config.topk = 8;  // 1/32 of each 256-value block
+  config.topk_bits = topk_bits;
   Encoder enc(config);
   Decoder dec;
   const size_t n = 3000;
@@ -65,6 +66,7 @@ TEST_SUITE("error_feedback") {
       CAPTURE(to_string(codec));
       CHECK(run_rounds(codec, true).max_violation <= 1.0);
     }
+    CHECK(run_rounds(Codec::kTopk, true, 4).max_violation <= 1.0);  // topk at 4 bits
   }
 
   TEST_CASE("without feedback the quantization error accumulates instead") {
@@ -78,6 +80,10 @@ TEST_SUITE("error_feedback") {
       // it loses mostly what it never sends: 2.8x here, against 3x and more for the others.
       CHECK(with.abs_error * (codec == Codec::kTopk ? 2 : 3) < without.abs_error);
     }
+    const Drift with4 = run_rounds(Codec::kTopk, true, 4), without4 = run_rounds(Codec::kTopk, false, 4);
+    MESSAGE("topk at 4 bits: Σ|Σdeq − Σx| with feedback " << with4.abs_error << ", without "
+                                                       << without4.abs_error);
+    CHECK(with4.abs_error * 2 < without4.abs_error);
   }
 
   TEST_CASE("a residual put back into a new encoder continues the stream bit for bit") {

@@ -121,6 +121,9 @@ TEST_SUITE("hostile") {
     f[7] |= 0x80;
     CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
     f = good;
+    f[7] |= kFlagTopk4;  // 4-bit topk values on an int8 frame
+    CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
+    f = good;
     put<uint32_t>(f, 8, 0);
     CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
     f = good;

@@ -1,10 +1,11 @@
-// The topk codec: per block the k largest |x| at 2 bits, positions as u16 gaps (issue 20). What is
-// sent is exactly the brute-force top k; values are within their 2-bit bound; sizes are the
-// formula's; bytes are deterministic.
+// The topk codec: per block the k largest |x| at 2 bits (or 4), positions as u16 gaps (issue 20).
+// What is sent is exactly the brute-force top k; values are within their 2-bit (4-bit) bound;
+// sizes are the formula's; bytes are deterministic.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,11 +24,12 @@ using testing::heavy_tailed;
 using testing::model_like;
 using testing::TensorSet;
 
-CodecConfig topk_config(uint32_t block, uint32_t k, int zstd_level = 1) {
+CodecConfig topk_config(uint32_t block, uint32_t k, int zstd_level = 1, uint32_t bits = 2) {
   CodecConfig c;
   c.codec = Codec::kTopk;
   c.block_size = block;
   c.topk = k;
+  c.topk_bits = bits;
   c.zstd_level = zstd_level;
   return c;
 }
@@ -109,6 +111,78 @@ TEST_SUITE("topk") {
       MESSAGE("block " << block << ", k " << k << ": squared error " << total_sse << " (fitted) vs "
                        << total_sse_absmax << " (absmax / 2)");
       if (k >= 8) CHECK(total_sse < 0.9 * total_sse_absmax);
+    }
+  }
+
+  TEST_CASE("4-bit values: the same positions, every value ±m·s (m = 1..8) at its nearer level, far closer than 2 bits") {
+    for (const auto& [block, k] : {std::pair<uint32_t, uint32_t>{4096, 176}, {256, 8}, {100, 3},
+                                  {7, 7}}) {
+      CAPTURE(block);
+      CAPTURE(k);
+      TensorSet in;
+      auto x = heavy_tailed(70001, 9 + block);
+      for (size_t i = 0; i < x.size(); i += 97) x[i] = x[i + 1];  // ties
+      for (size_t i = 300; i < 340; ++i) x[i] = 0.0f;             // zeros
+      in.add("x", {70001}, x);
+      const auto decoded = [&](uint32_t bits, std::vector<uint8_t>* frame_out) {
+        const auto frame = Encoder(topk_config(block, k, 0, bits)).encode(in.inputs());
+        CHECK(frame.size() == kHeaderBytes + 2 + 1 + 1 + 8 + 16 +
+                                  tensor_payload_bytes(Codec::kTopk, 70001, block, k, bits));
+        const FrameInfo info = parse_frame(frame.data(), frame.size(), Limits{});
+        CHECK(info.topk_bits == bits);
+        CHECK(((frame[7] & kFlagTopk4) != 0) == (bits == 4));
+        TensorSet out = in.like(-7.0f);
+        Decoder dec;
+        dec.decode(frame, out.targets());
+        double ss = 0;
+        for (const float v : out.data[0]) ss += double{v} * v;
+        CHECK(dec.norm(frame.data(), frame.size()) == doctest::Approx(std::sqrt(ss)).epsilon(1e-6));
+        if (frame_out != nullptr) *frame_out = frame;
+        return out.data[0];
+      };
+      std::vector<uint8_t> frame4;
+      const auto y4 = decoded(4, &frame4);
+      const auto y2 = decoded(2, nullptr);
+      CHECK(tensor_payload_bytes(Codec::kTopk, 4096, 4096, 176, 4) ==
+            4 + 2 * 176 + 88);  // scale, gaps, one nibble a value
+      double sse4 = 0, sse2 = 0;
+      uint64_t record = parse_frame(frame4.data(), frame4.size(), Limits{}).stored_offset;
+      for (uint64_t start = 0; start < x.size(); start += block) {
+        const auto len = static_cast<uint32_t>(std::min<uint64_t>(block, x.size() - start));
+        const auto want = brute_topk(x, start, len, k);
+        std::vector<bool> sent(len, false);
+        for (const uint64_t i : want) sent[i - start] = true;
+        // The block's scale, read from the raw frame (no zstd): its record's first 4 bytes.
+        float s = 0;
+        std::memcpy(&s, frame4.data() + record, 4);
+        record += topk_block_bytes(len, k, 4);
+        for (uint64_t i = start; i < start + len; ++i) {
+          if (!sent[i - start]) {
+            if (y4[i] != 0.0f) FAIL_CHECK("unsent value " << i << " decoded as " << y4[i]);
+            continue;
+          }
+          if (std::fabs(x[i]) > 0 && std::signbit(x[i]) != std::signbit(y4[i])) {
+            FAIL_CHECK("value " << i << ": " << x[i] << " decoded as " << y4[i]);
+          }
+          sse4 += (double{x[i]} - y4[i]) * (double{x[i]} - y4[i]);
+          sse2 += (double{x[i]} - y2[i]) * (double{x[i]} - y2[i]);
+          if (s == 0) continue;  // an all-zero selection
+          // ±m·s, m the nearer of 1..8 to |x|/s.
+          const double want_m = std::clamp(std::floor(std::fabs(x[i]) / s + 0.5), 1.0, 8.0);
+          if (std::fabs(std::fabs(y4[i]) / s - want_m) > 1e-5) {
+            FAIL_CHECK("value " << i << ": " << x[i] << " sent as " << y4[i] << ", level "
+                                << std::fabs(y4[i]) / s << " of s " << s << ", nearer " << want_m);
+          }
+        }
+      }
+      MESSAGE("block " << block << ", k " << k << ": squared error of the sent values, 4 bits "
+                       << sse4 << ", 2 bits " << sse2);
+      if (k >= 8) CHECK(sse4 < 0.5 * sse2);  // 3x to 18x here
+      // Every code is a value: a 4-bit frame read as 2-bit is refused by its size, not misread.
+      auto f = frame4;
+      f[7] = static_cast<uint8_t>(f[7] & ~kFlagTopk4);
+      TensorSet out = in.like(0.0f);
+      CHECK_THROWS_AS(Decoder().decode(f, out.targets()), FrameError);
     }
   }
 
@@ -208,6 +282,9 @@ TEST_SUITE("topk") {
     CHECK_THROWS_AS(validate(topk_config(256, 0)), common::ConfigError);
     CHECK_THROWS_AS(validate(topk_config(256, 257)), common::ConfigError);
     CHECK_NOTHROW(validate(topk_config(1 << 16, 1 << 16)));
+    CHECK_NOTHROW(validate(topk_config(256, 8, 1, 4)));
+    CHECK_THROWS_AS(validate(topk_config(256, 8, 1, 3)), common::ConfigError);
+    CHECK_THROWS_AS(validate(topk_config(256, 8, 1, 8)), common::ConfigError);
     CHECK(parse_codec("topk") == Codec::kTopk);
   }
 }

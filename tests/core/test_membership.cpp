@@ -406,10 +406,13 @@ TEST_SUITE("membership") {
 namespace {
 
 net::Frame encoded(const common::FlatLayout& layout, const torch::Tensor& values,
-                   compress::Codec codec, uint32_t block = 256) {
+                   compress::Codec codec, uint32_t block = 256, uint32_t topk = 0,
+                   uint32_t topk_bits = 2) {
   compress::CodecConfig cc;
   cc.codec = codec;
   cc.block_size = block;
+  cc.topk = topk;
+  cc.topk_bits = topk_bits;
   cc.error_feedback = false;
   compress::Encoder enc(cc);
   std::vector<uint8_t> frame;
@@ -463,6 +466,21 @@ TEST_SUITE("membership") {
     common::FlatLayout other;
     other.append("v", {600});
     CHECK(frame_problem(encoded(other, values * 1e-30, compress::Codec::kInt8), layout, run));
+
+    // topk: the count and the value width must be the run's too.
+    run.codec_up = common::CodecKind::kTopk;
+    run.block_size = 256;
+    run.topk = 8;
+    const auto small = values * 1e-30;
+    CHECK(!frame_problem(encoded(layout, small, compress::Codec::kTopk, 256, 8), layout, run));
+    const auto count = frame_problem(encoded(layout, small, compress::Codec::kTopk, 256, 16), layout, run);
+    REQUIRE(count);
+    CHECK(count->find("16 values per block") != std::string::npos);
+    const auto wide = frame_problem(encoded(layout, small, compress::Codec::kTopk, 256, 8, 4), layout, run);
+    REQUIRE(wide);
+    CHECK(wide->find("4-bit values, the run's outer.topk_bits is 2") != std::string::npos);
+    run.topk_bits = 4;
+    CHECK(!frame_problem(encoded(layout, small, compress::Codec::kTopk, 256, 8, 4), layout, run));
   }
 
   TEST_CASE("judge_norm: beyond bound × the median is refused; with no peer it waits, or passes at the end; bound 0 is off") {

@@ -733,6 +733,25 @@ TEST_SUITE("outer") {
     check_replicas_agree(dir.path / "w", 2);
   }
 
+  TEST_CASE("topk, 4-bit values up and 2-bit down: every round accepted, theta_pub bit-identical on the head and every provider") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing");
+      return;
+    }
+    test::ScratchDir dir("topk4");
+    auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "t") +
+                       " --set inner.steps=15 --set outer.inner_steps=5 --set outer.codec_up=topk"
+                       " --set outer.codec_down=topk --set outer.topk=8 --set outer.topk_down=16"
+                       " --set outer.topk_bits=4 --set outer.topk_bits_down=2 --set outer.momentum=0");
+    INFO(l.out);
+    REQUIRE(l.code == 0);
+    check_replicas_agree(dir.path / "t", 2);
+    CHECK(l.out.find("refused") == std::string::npos);
+    const auto summary = outer::read_document<outer::RunSummary>((dir.path / "t/summary.json").string());
+    CHECK(summary.rounds == 3);
+    CHECK(summary.bytes_vs_fp32_dp < 0.02);  // int8 is about 0.06 here
+  }
+
   TEST_CASE("reproducible: two xloco local runs with the providers started in different orders end with the same theta_pub and eval loss") {
     if (!test::have_kjv()) {
       MESSAGE("skipped: /usr/bin/bible missing");
@@ -998,6 +1017,31 @@ TEST_SUITE("pace") {
     j["outer"]["codec_down"] = "topk";
     j["outer"]["topk_down"] = 257;  // block_size 256
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.topk_down"), common::ConfigError);
+  }
+
+  TEST_CASE("outer.topk_bits / topk_bits_down: 2 or 4 bits a value, per link (0 down: as up); not hashed at their defaults") {
+    common::Config c;
+    const std::string before = common::config_hash(c);
+    c.outer.codec_up = c.outer.codec_down = common::CodecKind::kTopk;
+    CHECK(outer::uplink_codec(c.outer).topk_bits == 2);
+    CHECK(outer::downlink_codec(c.outer).topk_bits == 2);
+    c.outer.topk_bits = 4;
+    CHECK(outer::uplink_codec(c.outer).topk_bits == 4);
+    CHECK(outer::downlink_codec(c.outer).topk_bits == 4);
+    c.outer.topk_bits_down = 2;
+    CHECK(outer::uplink_codec(c.outer).topk_bits == 4);
+    CHECK(outer::downlink_codec(c.outer).topk_bits == 2);
+    nlohmann::json j = common::to_json(common::Config{});
+    j["outer"]["topk_bits"] = 2;
+    j["outer"]["topk_bits_down"] = 0;
+    CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["topk_bits"] = 4;
+    CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["topk_bits"] = 3;
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.topk_bits"), common::ConfigError);
+    j["outer"]["topk_bits"] = 2;
+    j["outer"]["topk_bits_down"] = 1;
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.topk_bits_down"), common::ConfigError);
   }
 
   TEST_CASE("fold_now: at delay_steps with outer.fold = step whenever the update came; as soon as it has with arrival") {

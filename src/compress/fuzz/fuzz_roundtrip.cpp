@@ -97,6 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   config.codec = codec;
   config.block_size = block;
   config.topk = topk;
+  config.topk_bits = data[1] & 0x40 ? 4 : 2;  // bits 0-5 are the block, bit 7 zstd
   config.zstd_level = data[1] & 0x80 ? 1 : 0;
   config.limits = fuzz::fuzz_limits();
   Encoder encoder(config);

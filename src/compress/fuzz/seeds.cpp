@@ -20,16 +20,20 @@ int main(int argc, char** argv) {
   const std::vector<ConstTensorRef> in = {
       {"layer.weight", {20, 15}, a.data()}, {"layer.bias", {7}, b.data()}, {"s", {}, c.data()}};
   int written = 0;
-  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk}) {
+  // topk twice: 2-bit values, then 4-bit ("topk4-…")
+  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk,
+                            Codec::kTopk}) {
+    const bool four = codec == Codec::kTopk && written >= 10;
     for (const int level : {0, 1}) {
       CodecConfig config;
       config.codec = codec;
       config.zstd_level = level;
       config.block_size = 64;
       config.topk = codec == Codec::kTopk ? 4 : 0;
+      config.topk_bits = four ? 4 : 2;
       const std::vector<uint8_t> frame = Encoder(config).encode(in);
       const std::string path = std::string(argv[1]) + "/" + std::string(to_string(codec)) +
-                               (level != 0 ? "-zstd" : "-raw") + ".xlcf";
+                               (four ? "4" : "") + (level != 0 ? "-zstd" : "-raw") + ".xlcf";
       std::ofstream(path, std::ios::binary)
           .write(reinterpret_cast<const char*>(frame.data()), static_cast<long>(frame.size()));
       ++written;
