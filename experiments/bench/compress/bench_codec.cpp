@@ -71,13 +71,14 @@ std::vector<ConstTensorRef> inputs() {
   return {{"pseudo_gradient", {static_cast<int64_t>(kElements)}, pseudo_gradient().data()}};
 }
 
-CodecConfig config_of(const benchmark::State& state) {
+CodecConfig config_of(const benchmark::State& state, uint32_t topk_bits) {
   CodecConfig c;
   c.codec = static_cast<Codec>(state.range(0));
   c.zstd_level = static_cast<int>(state.range(1));
   if (c.codec == Codec::kTopk) {  // the harness's topk setting: 64 of every 4096 values
     c.block_size = 4096;
     c.topk = 64;
+    c.topk_bits = topk_bits;
   }
   return c;
 }
@@ -108,8 +109,9 @@ void BM_Memcpy(benchmark::State& state) {
 }
 
 // Error feedback on, as a provider runs it: each encode also updates the residual.
-void BM_Encode(benchmark::State& state) {
-  Encoder enc(config_of(state));
+// `bits`: topk's value width (the BM_*Bits/4 rows; the plain rows are 2).
+void BM_EncodeBits(benchmark::State& state, uint32_t bits) {
+  Encoder enc(config_of(state, bits));
   std::vector<uint8_t> frame;
   const auto in = inputs();
   enc.encode(in, frame);
@@ -120,8 +122,8 @@ void BM_Encode(benchmark::State& state) {
   report(state, frame.size(), enc.last_stats().zstd);
 }
 
-void BM_Decode(benchmark::State& state) {
-  Encoder enc(config_of(state));
+void BM_DecodeBits(benchmark::State& state, uint32_t bits) {
+  Encoder enc(config_of(state, bits));
   const auto frame = enc.encode(inputs());
   std::vector<float> out(kElements);
   const std::vector<TensorRef> targets = {
@@ -135,8 +137,8 @@ void BM_Decode(benchmark::State& state) {
   report(state, frame.size(), enc.last_stats().zstd);
 }
 
-void BM_EncodeDecode(benchmark::State& state) {
-  Encoder enc(config_of(state));
+void BM_EncodeDecodeBits(benchmark::State& state, uint32_t bits) {
+  Encoder enc(config_of(state, bits));
   std::vector<uint8_t> frame;
   std::vector<float> out(kElements);
   const std::vector<TensorRef> targets = {
@@ -160,10 +162,23 @@ void codecs_and_levels(benchmark::internal::Benchmark* b) {
   b->ArgNames({"codec", "zstd"})->Unit(benchmark::kMillisecond);
 }
 
+void BM_Encode(benchmark::State& state) { BM_EncodeBits(state, 2); }
+void BM_Decode(benchmark::State& state) { BM_DecodeBits(state, 2); }
+void BM_EncodeDecode(benchmark::State& state) { BM_EncodeDecodeBits(state, 2); }
+
+void topk_levels(benchmark::internal::Benchmark* b) {
+  for (const int level : {0, 1, 3}) b->Args({static_cast<int64_t>(Codec::kTopk), level});
+  b->ArgNames({"codec", "zstd"})->Unit(benchmark::kMillisecond);
+}
+
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Encode)->Apply(codecs_and_levels);
 BENCHMARK(BM_Decode)->Apply(codecs_and_levels);
 BENCHMARK(BM_EncodeDecode)->Apply(codecs_and_levels);
+// topk with 4-bit values (outer.topk_bits = 4): BM_EncodeBits/4/codec:4/zstd:1 and so on.
+BENCHMARK_CAPTURE(BM_EncodeBits, 4, 4u)->Apply(topk_levels);
+BENCHMARK_CAPTURE(BM_DecodeBits, 4, 4u)->Apply(topk_levels);
+BENCHMARK_CAPTURE(BM_EncodeDecodeBits, 4, 4u)->Apply(topk_levels);
 
 }  // namespace
 }  // namespace xloco::compress
