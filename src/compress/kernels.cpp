@@ -485,12 +485,12 @@ void select_topk(const float* w, uint32_t len, uint32_t k, uint16_t* pos) {
   }
 }
 
-// The scale s of the levels ±s, ±2s (4 bits: ±s … ±8s) for the chosen values: least squares over their
-// magnitudes (Lloyd's iterations from s = absmax / 2, each value at its nearer level), so that
-// the levels sit where the sent values are rather than at absmax, which overshoots the smaller
-// ones (by up to 2.5× at 1/32 of a heavy-tailed block). No iteration raises the squared error of
-// the one before, so it is at most that of absmax / 2; s ≤ absmax, and the same inputs give the
-// same s everywhere (a fixed order of sums, in double).
+// The scale s of the levels ±s, ±2s (4 bits: ±s … ±8s) for the chosen values: least squares
+// over their magnitudes (Lloyd's iterations from s = absmax / 2, or absmax / 8, each value at its
+// nearer level), so that the levels sit where the sent values are rather than at absmax, which
+// overshoots the smaller ones (by up to 2.5× at 1/32 of a heavy-tailed block). No iteration
+// raises the squared error of the one before, so it is at most that of the first s; s ≤ absmax,
+// and the same inputs give the same s everywhere (a fixed order of sums, in double).
 template <uint32_t Bits>
 BlockScale fit_topk_scale(const float* w, const uint16_t* chosen, uint32_t k, float absmax) {
   constexpr uint32_t kLevels = TopkCode<Bits>::kLevels;
