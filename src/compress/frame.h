@@ -18,8 +18,9 @@
 //   positions strictly increase; p_(k−1) < len), k low bytes then k high bytes, then ceil(k/4)
 //   bytes of 2-bit codes (value j in bits 2(j mod 4)..: bit 0 magnitude 1 or 2, bit 1 sign),
 //   value = ±magnitude·scale; with flag bit 1, ceil(k/2) bytes of 4-bit codes (value j in bits
-//   4(j mod 2)..: bits 0-2 magnitude − 1, so 1..8, bit 3 sign). Gaps, low bytes apart from high ones, are what zstd shrinks:
-//   about 11 bits a value at 64 of 4096 and 8 at 256, against 16 for u16 positions.
+//   4(j mod 2)..: bits 0-2 magnitude − 1, so 1..8, bit 3 sign). Gaps, low bytes apart from high
+//   ones, are what zstd shrinks: about 11 bits a value at 64 of 4096 and 8 at 256, against 16
+//   for u16 positions.
 // Tensors are packed in table order without gaps; the frame ends exactly after stored_bytes.
 // A raw payload (zstd did not pay) has no checksum of its own: the transport authenticates
 // every byte (CURVE, design §7); the decoder still checks every value it writes.
