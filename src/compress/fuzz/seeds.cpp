@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compress/encoder.h"
@@ -20,10 +21,12 @@ int main(int argc, char** argv) {
   const std::vector<ConstTensorRef> in = {
       {"layer.weight", {20, 15}, a.data()}, {"layer.bias", {7}, b.data()}, {"s", {}, c.data()}};
   int written = 0;
-  // topk twice: 2-bit values, then 4-bit ("topk4-…")
-  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8, Codec::kInt4, Codec::kTopk,
-                            Codec::kTopk}) {
-    const bool four = codec == Codec::kTopk && written >= 10;
+  // (codec, value bits): topk twice, 2-bit values, then 4-bit ("topk4-…")
+  const std::pair<Codec, uint32_t> kinds[] = {{Codec::kFp32, 2}, {Codec::kBf16, 2},
+                                              {Codec::kInt8, 2}, {Codec::kInt4, 2},
+                                              {Codec::kTopk, 2}, {Codec::kTopk, 4}};
+  for (const auto& [codec, bits] : kinds) {
+    const bool four = bits == 4;
     for (const int level : {0, 1}) {
       CodecConfig config;
       config.codec = codec;
