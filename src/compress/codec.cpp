@@ -102,7 +102,7 @@ void validate(const Limits& limits) {
 
 uint64_t topk_block_bytes(uint32_t len, uint32_t topk, uint32_t topk_bits) {
   const uint64_t k = std::min(len, topk);
-  return 4 + 2 * k + (topk_bits == 4 ? (k + 1) / 2 : (k + 3) / 4);
+  return 4 + 2 * k + (k * topk_bits + 7) / 8;
 }
 
 uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk,

@@ -65,7 +65,7 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
   info.codec = config_.codec;
   info.block_size = config_.block_size;
   info.topk = config_.codec == Codec::kTopk ? config_.topk : 0;
-  info.topk_bits = config_.topk_bits;
+  info.topk_bits = config_.codec == Codec::kTopk ? config_.topk_bits : 2;
   info.tensors.reserve(inputs.size());
   std::unordered_set<std::string_view> names;
   uint64_t offset = 0;

@@ -549,7 +549,7 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
     uint8_t* gap_lo = out + 4;  // position gaps, low bytes, then high bytes (frame.h)
     uint8_t* gap_hi = gap_lo + k;
     uint8_t* codes = gap_hi + k;
-    std::fill(codes, codes + (k + Code::kPerByte - 1) / Code::kPerByte, uint8_t{0});
+    std::fill(codes, out + topk_block_bytes(len, topk, Bits), uint8_t{0});  // the block's codes
     uint32_t prev = 0;
     for (uint32_t j = 0; j < k; ++j) {
       const uint16_t i = chosen[j];

@@ -221,7 +221,7 @@ std::optional<std::string> frame_problem(const net::Frame& frame, const common::
     return fmt::format("it sends {} values per block, the run's outer.topk gives {}", info.topk,
                        up.topk);
   }
-  if (want == compress::Codec::kTopk && info.topk_bits != up.topk_bits) {
+  if (info.topk_bits != up.topk_bits) {  // 2 on every frame and config but topk's
     return fmt::format("it sends {}-bit values, the run's outer.topk_bits is {}", info.topk_bits,
                        up.topk_bits);
   }

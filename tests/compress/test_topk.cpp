@@ -46,6 +46,20 @@ std::vector<uint64_t> brute_topk(const std::vector<float>& x, uint64_t start, ui
   return idx;
 }
 
+// 70001 heavy-tailed values with ties (every 97th equals its neighbour) and a run of zeros.
+std::vector<float> topk_input(uint64_t seed) {
+  auto x = heavy_tailed(70001, seed);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] = x[i + 1];  // ties
+  for (size_t i = 300; i < 340; ++i) x[i] = 0.0f;             // zeros
+  return x;
+}
+
+// Size of a raw frame of topk_input as the one tensor "x": header, its table entry (name length,
+// name, rank, one dimension, offset, bytes), payload.
+uint64_t topk_input_frame_bytes(uint32_t block, uint32_t k, uint32_t bits) {
+  return kHeaderBytes + 2 + 1 + 1 + 8 + 16 + tensor_payload_bytes(Codec::kTopk, 70001, block, k, bits);
+}
+
 TEST_SUITE("topk") {
   TEST_CASE("sends exactly the top k of every block, each within its 2-bit bound") {
     for (const auto& [block, k] : {std::pair<uint32_t, uint32_t>{256, 8}, {4096, 64}, {100, 3},
@@ -54,15 +68,12 @@ TEST_SUITE("topk") {
       CAPTURE(block);
       CAPTURE(k);
       TensorSet in;
-      auto x = heavy_tailed(70001, 5 + block);
-      for (size_t i = 0; i < x.size(); i += 97) x[i] = x[i + 1];  // ties
-      for (size_t i = 300; i < 340; ++i) x[i] = 0.0f;             // zeros
+      const auto x = topk_input(5 + block);
       in.add("x", {70001}, x);
       const auto out_set = [&] {
         Encoder enc(topk_config(block, k, 0));
         const auto frame = enc.encode(in.inputs());
-        CHECK(frame.size() == kHeaderBytes + 2 + 1 + 1 + 8 + 16 +
-                                  tensor_payload_bytes(Codec::kTopk, 70001, block, k));
+        CHECK(frame.size() == topk_input_frame_bytes(block, k, 2));
         TensorSet out = in.like(-7.0f);
         Decoder().decode(frame, out.targets());
         return out;
@@ -120,14 +131,11 @@ TEST_SUITE("topk") {
       CAPTURE(block);
       CAPTURE(k);
       TensorSet in;
-      auto x = heavy_tailed(70001, 9 + block);
-      for (size_t i = 0; i < x.size(); i += 97) x[i] = x[i + 1];  // ties
-      for (size_t i = 300; i < 340; ++i) x[i] = 0.0f;             // zeros
+      const auto x = topk_input(9 + block);
       in.add("x", {70001}, x);
       const auto decoded = [&](uint32_t bits, std::vector<uint8_t>* frame_out) {
         const auto frame = Encoder(topk_config(block, k, 0, bits)).encode(in.inputs());
-        CHECK(frame.size() == kHeaderBytes + 2 + 1 + 1 + 8 + 16 +
-                                  tensor_payload_bytes(Codec::kTopk, 70001, block, k, bits));
+        CHECK(frame.size() == topk_input_frame_bytes(block, k, bits));
         const FrameInfo info = parse_frame(frame.data(), frame.size(), Limits{});
         CHECK(info.topk_bits == bits);
         CHECK(((frame[7] & kFlagTopk4) != 0) == (bits == 4));

@@ -26,17 +26,16 @@ int main(int argc, char** argv) {
                                               {Codec::kInt8, 2}, {Codec::kInt4, 2},
                                               {Codec::kTopk, 2}, {Codec::kTopk, 4}};
   for (const auto& [codec, bits] : kinds) {
-    const bool four = bits == 4;
     for (const int level : {0, 1}) {
       CodecConfig config;
       config.codec = codec;
       config.zstd_level = level;
       config.block_size = 64;
       config.topk = codec == Codec::kTopk ? 4 : 0;
-      config.topk_bits = four ? 4 : 2;
+      config.topk_bits = bits;
       const std::vector<uint8_t> frame = Encoder(config).encode(in);
       const std::string path = std::string(argv[1]) + "/" + std::string(to_string(codec)) +
-                               (four ? "4" : "") + (level != 0 ? "-zstd" : "-raw") + ".xlcf";
+                               (bits == 4 ? "4" : "") + (level != 0 ? "-zstd" : "-raw") + ".xlcf";
       std::ofstream(path, std::ios::binary)
           .write(reinterpret_cast<const char*>(frame.data()), static_cast<long>(frame.size()));
       ++written;
