@@ -79,6 +79,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("inner.bucket_kb", c.inner.bucket_kb, Range{4, 1 << 22});
   v("outer.inner_steps", c.outer.inner_steps, Range{1, 1e9});
   v("outer.lr", c.outer.lr, Range{0, 100});
+  v("outer.lr_end", c.outer.lr_end, Range{-1, 100});
   v("outer.momentum", c.outer.momentum, Range{0, 0.999999});
   v("outer.nesterov", c.outer.nesterov, Flag{});
   v("outer.codec_up", c.outer.codec_up, Named{});
@@ -411,6 +412,7 @@ std::string config_hash(const Config& c) {
   // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
   if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
   if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise
+  if (c.outer.lr_end < 0) j["outer"].erase("lr_end");            // likewise
   if (c.outer.fragments == 1) j["outer"].erase("fragments");    // likewise; others must agree
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");

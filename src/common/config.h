@@ -84,6 +84,8 @@ struct InnerConfig {
 struct OuterConfig {
   int inner_steps = 50;          // H: inner steps per round (rounds = ceil(inner.steps / H))
   double lr = 0.7;               // outer SGD learning rate
+  double lr_end = -1;            // ≥ 0: the outer lr falls linearly from outer.lr to this at the
+                                 // last round (round r of R: lr + (lr_end − lr)·r/R); < 0: constant
   double momentum = 0.9;         // outer momentum
   bool nesterov = true;          // Nesterov momentum (DiLoCo)
   CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4 | topk

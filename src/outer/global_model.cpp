@@ -132,6 +132,7 @@ GlobalModel::Closed GlobalModel::close_round() {
   out.rejected = aggregator_.finish();
   torch::Tensor& delta = aggregator_.delta();
   const Fragment& part = fragment(pub_round_ + 1);  // the round closing
+  opt_->set_lr(outer_lr(config_.outer, pub_round_ + 1, common::total_rounds(config_)));
   if (aggregator_.added() > 0) {
     if (const auto at = opt_->non_finite_at(theta_true_, delta, part.begin, part.end)) {
       const auto& slot = layout().slot_at(*at);

@@ -25,10 +25,13 @@ void RunLedger::count_down(Member& m, size_t bytes) {
 }
 
 void RunLedger::announce() const {
-  spdlog::info("head: run {} | {} rounds of H={} | codec up {} down {} | waiting for {} providers",
-               config_.run.name, total_, config_.outer.inner_steps,
-               common::to_string(config_.outer.codec_up), common::to_string(config_.outer.codec_down),
-               config_.outer.providers);
+  const auto& o = config_.outer;
+  spdlog::info("head: run {} | {} rounds of H={} | codec up {} down {} | outer lr {}{} | waiting for {} "
+               "providers",
+               config_.run.name, total_, o.inner_steps, common::to_string(o.codec_up),
+               common::to_string(o.codec_down), o.lr,
+               o.lr_end >= 0 ? fmt::format(" falling to {} at the last round", o.lr_end) : "",
+               o.providers);
 }
 
 double RunLedger::uptime_s() const { return seconds_since(started_); }

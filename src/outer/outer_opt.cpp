@@ -6,6 +6,12 @@
 
 namespace xloco::outer {
 
+double outer_lr(const common::OuterConfig& config, int64_t round, int64_t rounds) {
+  if (config.lr_end < 0 || rounds <= 0) return config.lr;
+  const double f = static_cast<double>(std::clamp<int64_t>(round, 0, rounds)) / static_cast<double>(rounds);
+  return config.lr + (config.lr_end - config.lr) * f;
+}
+
 OuterOptimizer::OuterOptimizer(const common::OuterConfig& config, int64_t numel,
                                int64_t averaged_from)
     : averaged_from_(averaged_from < 0 ? numel : averaged_from), lr_(config.lr), mu_(config.momentum), nesterov_(config.nesterov),

@@ -12,6 +12,11 @@
 
 namespace xloco::outer {
 
+// The outer learning rate of round `round` (1-based) of a run of `rounds`: outer.lr, or with
+// outer.lr_end ≥ 0, lr + (lr_end − lr)·r/rounds, r clamped to [0, rounds], so that the last
+// round steps at lr_end. A function of the round alone: a resumed head steps as it would have.
+double outer_lr(const common::OuterConfig& config, int64_t round, int64_t rounds);
+
 class OuterOptimizer {
  public:
   // Elements from `averaged_from` on (a model's float buffers: batch-norm statistics) are set to
@@ -31,6 +36,9 @@ class OuterOptimizer {
     return non_finite_at(theta, delta, 0, theta.numel());
   }
   torch::Tensor& momentum() { return momentum_; }
+  // The lr of the steps from now on (outer_lr of the round closing).
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
 
  private:
   // θ ← θ − lr·step and buf ← μ·buf + Δ, in place on the tensors given (whole or a chunk).

@@ -299,6 +299,32 @@ TEST_SUITE("outer") {
     CHECK(torch::allclose(theta, ref.detach(), 1e-6, 1e-6));
   }
 
+  TEST_CASE("outer.lr_end: constant lr when unset; linear from outer.lr to lr_end at the last round; checked and hashed only when set") {
+    common::OuterConfig c;
+    c.lr = 7;
+    CHECK(outer::outer_lr(c, 1, 22) == 7.0);  // lr_end < 0: constant
+    CHECK(outer::outer_lr(c, 22, 22) == 7.0);
+    c.lr_end = 3;
+    CHECK(outer::outer_lr(c, 0, 22) == doctest::Approx(7.0));
+    CHECK(outer::outer_lr(c, 1, 22) == doctest::Approx(7.0 - 4.0 / 22));
+    CHECK(outer::outer_lr(c, 11, 22) == doctest::Approx(5.0));
+    CHECK(outer::outer_lr(c, 22, 22) == doctest::Approx(3.0));
+    CHECK(outer::outer_lr(c, 30, 22) == doctest::Approx(3.0));  // past the schedule: lr_end
+    c.lr_end = 10;  // rising is allowed (a warmup)
+    CHECK(outer::outer_lr(c, 11, 22) == doctest::Approx(8.5));
+
+    const std::string before = common::config_hash(common::Config{});
+    nlohmann::json j = common::to_json(common::Config{});
+    j["outer"]["lr_end"] = -1;  // unset: runs from before it hash as before
+    CHECK(common::config_hash(common::parse_config(j)) == before);
+    j["outer"]["lr_end"] = 0.5;  // it changes θ: hashed
+    CHECK(common::config_hash(common::parse_config(j)) != before);
+    j["outer"]["lr_end"] = 200;
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.lr_end"), common::ConfigError);
+    j["outer"]["lr_end"] = "low";
+    CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.lr_end"), common::ConfigError);
+  }
+
   TEST_CASE("float buffers after averaged_from are set to the providers' average, with no momentum") {
     common::OuterConfig c;  // lr 0.7, momentum 0.9, nesterov
     torch::manual_seed(4);
@@ -359,6 +385,46 @@ TEST_SUITE("outer") {
     CHECK(!model.close_round().discarded);
     model.rehash();
     CHECK(model.pub_hash() != before);
+  }
+
+  TEST_CASE("outer.lr_end: the head steps each round at that round's lr (lr 1 falling to 0 over 2 rounds: half a step, then none)") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    common::Config c = test::tiny_gpt_config();
+    c.model.d_model = 32;
+    c.model.n_layer = 1;
+    c.model.n_head = 2;
+    c.model.seq_len = 32;
+    c.outer.codec_up = c.outer.codec_down = common::CodecKind::kFp32;  // θ_pub == θ_true
+    c.outer.norm_bound = 0;
+    c.outer.momentum = 0;
+    c.outer.lr = 1;
+    c.outer.lr_end = 0;
+    c.inner.steps = 2 * c.outer.inner_steps;  // 2 rounds: lr 0.5, then 0
+    REQUIRE(common::total_rounds(c) == 2);
+    outer::GlobalModel model(c, "");
+    const int64_t n = model.layout().trained_numel();
+    const auto fp32_frame = [&](float value) {
+      compress::CodecConfig cc;
+      cc.codec = compress::Codec::kFp32;
+      cc.error_feedback = false;
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> out;
+      compress::encode(enc, model.layout(), torch::full({model.layout().numel}, value), out);
+      return net::Frame(std::move(out));
+    };
+    const auto theta0 = model.theta_pub().narrow(0, 0, n).clone();
+    model.aggregator().begin({"p0"});
+    CHECK(model.aggregator().add("p0", fp32_frame(0.25f), 100).empty());
+    CHECK(!model.close_round().discarded);
+    CHECK(torch::allclose(model.theta_pub().narrow(0, 0, n), theta0 - 0.125, 1e-6, 1e-6));
+    const auto theta1 = model.theta_pub().narrow(0, 0, n).clone();
+    model.aggregator().begin({"p0"});
+    CHECK(model.aggregator().add("p0", fp32_frame(0.25f), 100).empty());
+    CHECK(!model.close_round().discarded);
+    CHECK(torch::equal(model.theta_pub().narrow(0, 0, n), theta1));  // the last round: lr 0
   }
 
   TEST_CASE("K=1, H=1, outer lr 1, momentum 0, fp32 both ways == xloco train (1e-6)") {
