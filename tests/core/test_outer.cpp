@@ -252,6 +252,29 @@ std::pair<torch::Tensor, common::Config> one_provider_fp32(const test::ScratchDi
   return {flat_theta_pub(dir.path / name / "ckpt/round-000005"), common::load_config(cfg(), sets)};
 }
 
+// A one-layer GPT small enough for a GlobalModel built in a test, fp32 uplink, norm rule off.
+common::Config small_head_config() {
+  common::Config c = test::tiny_gpt_config();
+  c.model.d_model = 32;
+  c.model.n_layer = 1;
+  c.model.n_head = 2;
+  c.model.seq_len = 32;
+  c.outer.codec_up = common::CodecKind::kFp32;  // finite values up to FLT_MAX pass the decoder
+  c.outer.norm_bound = 0;
+  return c;
+}
+
+// An fp32 contribution whose every value is `value`, for `model`'s layout.
+net::Frame constant_fp32_frame(outer::GlobalModel& model, float value) {
+  compress::CodecConfig cc;
+  cc.codec = compress::Codec::kFp32;
+  cc.error_feedback = false;
+  compress::Encoder enc(cc);
+  std::vector<uint8_t> out;
+  compress::encode(enc, model.layout(), torch::full({model.layout().numel}, value), out);
+  return net::Frame(std::move(out));
+}
+
 }  // namespace
 
 TEST_SUITE("outer") {
@@ -353,24 +376,10 @@ TEST_SUITE("outer") {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    common::Config c = test::tiny_gpt_config();
-    c.model.d_model = 32;
-    c.model.n_layer = 1;
-    c.model.n_head = 2;
-    c.model.seq_len = 32;
-    c.outer.codec_up = common::CodecKind::kFp32;  // finite values up to FLT_MAX pass the decoder
-    c.outer.norm_bound = 0;                       // the norm rule off: this guard alone
+    const common::Config c = small_head_config();  // fp32 up, the norm rule off: this guard alone
     outer::GlobalModel model(c, "");
     const std::string before = model.pub_hash();
-    const auto fp32_frame = [&](float value) {
-      compress::CodecConfig cc;
-      cc.codec = compress::Codec::kFp32;
-      cc.error_feedback = false;
-      compress::Encoder enc(cc);
-      std::vector<uint8_t> out;
-      compress::encode(enc, model.layout(), torch::full({model.layout().numel}, value), out);
-      return net::Frame(std::move(out));
-    };
+    const auto fp32_frame = [&](float value) { return constant_fp32_frame(model, value); };
     model.aggregator().begin({"rogue"});
     CHECK(model.aggregator().add("rogue", fp32_frame(std::numeric_limits<float>::max()), 100).empty());
     const auto closed = model.close_round();
@@ -392,13 +401,8 @@ TEST_SUITE("outer") {
       MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
       return;
     }
-    common::Config c = test::tiny_gpt_config();
-    c.model.d_model = 32;
-    c.model.n_layer = 1;
-    c.model.n_head = 2;
-    c.model.seq_len = 32;
-    c.outer.codec_up = c.outer.codec_down = common::CodecKind::kFp32;  // θ_pub == θ_true
-    c.outer.norm_bound = 0;
+    common::Config c = small_head_config();
+    c.outer.codec_down = common::CodecKind::kFp32;  // θ_pub == θ_true
     c.outer.momentum = 0;
     c.outer.lr = 1;
     c.outer.lr_end = 0;
@@ -406,15 +410,7 @@ TEST_SUITE("outer") {
     REQUIRE(common::total_rounds(c) == 2);
     outer::GlobalModel model(c, "");
     const int64_t n = model.layout().trained_numel();
-    const auto fp32_frame = [&](float value) {
-      compress::CodecConfig cc;
-      cc.codec = compress::Codec::kFp32;
-      cc.error_feedback = false;
-      compress::Encoder enc(cc);
-      std::vector<uint8_t> out;
-      compress::encode(enc, model.layout(), torch::full({model.layout().numel}, value), out);
-      return net::Frame(std::move(out));
-    };
+    const auto fp32_frame = [&](float value) { return constant_fp32_frame(model, value); };
     const auto theta0 = model.theta_pub().narrow(0, 0, n).clone();
     model.aggregator().begin({"p0"});
     CHECK(model.aggregator().add("p0", fp32_frame(0.25f), 100).empty());
