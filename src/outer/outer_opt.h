@@ -38,7 +38,6 @@ class OuterOptimizer {
   torch::Tensor& momentum() { return momentum_; }
   // The lr of the steps from now on (outer_lr of the round closing).
   void set_lr(double lr) { lr_ = lr; }
-  double lr() const { return lr_; }
 
  private:
   // θ ← θ − lr·step and buf ← μ·buf + Δ, in place on the tensors given (whole or a chunk).

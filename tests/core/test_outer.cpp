@@ -379,9 +379,8 @@ TEST_SUITE("outer") {
     const common::Config c = small_head_config();  // fp32 up, the norm rule off: this guard alone
     outer::GlobalModel model(c, "");
     const std::string before = model.pub_hash();
-    const auto fp32_frame = [&](float value) { return constant_fp32_frame(model, value); };
     model.aggregator().begin({"rogue"});
-    CHECK(model.aggregator().add("rogue", fp32_frame(std::numeric_limits<float>::max()), 100).empty());
+    CHECK(model.aggregator().add("rogue", constant_fp32_frame(model, std::numeric_limits<float>::max()), 100).empty());
     const auto closed = model.close_round();
     REQUIRE(closed.discarded);
     CHECK(closed.discarded->find("non-finite") != std::string::npos);
@@ -390,7 +389,7 @@ TEST_SUITE("outer") {
     CHECK(model.pub_hash() == before);  // θ_pub (and θ_true under it) unchanged
     // The next, sound round steps as usual.
     model.aggregator().begin({"p0"});
-    CHECK(model.aggregator().add("p0", fp32_frame(1e-3f), 100).empty());
+    CHECK(model.aggregator().add("p0", constant_fp32_frame(model, 1e-3f), 100).empty());
     CHECK(!model.close_round().discarded);
     model.rehash();
     CHECK(model.pub_hash() != before);
@@ -410,15 +409,14 @@ TEST_SUITE("outer") {
     REQUIRE(common::total_rounds(c) == 2);
     outer::GlobalModel model(c, "");
     const int64_t n = model.layout().trained_numel();
-    const auto fp32_frame = [&](float value) { return constant_fp32_frame(model, value); };
     const auto theta0 = model.theta_pub().narrow(0, 0, n).clone();
     model.aggregator().begin({"p0"});
-    CHECK(model.aggregator().add("p0", fp32_frame(0.25f), 100).empty());
+    CHECK(model.aggregator().add("p0", constant_fp32_frame(model, 0.25f), 100).empty());
     CHECK(!model.close_round().discarded);
     CHECK(torch::allclose(model.theta_pub().narrow(0, 0, n), theta0 - 0.125, 1e-6, 1e-6));
     const auto theta1 = model.theta_pub().narrow(0, 0, n).clone();
     model.aggregator().begin({"p0"});
-    CHECK(model.aggregator().add("p0", fp32_frame(0.25f), 100).empty());
+    CHECK(model.aggregator().add("p0", constant_fp32_frame(model, 0.25f), 100).empty());
     CHECK(!model.close_round().discarded);
     CHECK(torch::equal(model.theta_pub().narrow(0, 0, n), theta1));  // the last round: lr 0
   }
