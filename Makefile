@@ -42,8 +42,10 @@ experiments: build
 
 # The scale rehearsal of issue 14 (root, ~15 minutes, ~14 GB): a 101 M-parameter GPT, the head and
 # 4 providers in network namespaces over 100/100/50/10 Mbit/s links; report in runs/scale.
+# SCALE_ARGS adds --set KEY=VALUE overrides (e.g. the topk codec, experiments/RESULTS.md issue 20).
+SCALE_ARGS ?=
 rehearse-scale: build
-	bash experiments/rehearse_scale.sh $(XLOCO)
+	bash experiments/rehearse_scale.sh $(XLOCO) $(SCALE_ARGS)
 
 clean:
 	rm -rf $(BUILD)

@@ -6,8 +6,11 @@
 # full state over its own link), provider-2 is killed 5 s after round 4 closed (mid-transfer of
 # that update). Then experiments/scale_report.py: per-round compute / idle / link time per
 # provider, peak RSS, /status latency. Needs root; about 15 minutes and 14 GB of memory.
+# Further arguments go to deploy/rehearse.sh after these, so a later --set overrides one here:
+#   NAME=scale-topk experiments/rehearse_scale.sh build/src/cli/xloco --set outer.codec_up=topk ...
 set -euo pipefail
 XLOCO=${1:-build/src/cli/xloco}
+shift || true
 NAME=${NAME:-scale}
 rm -rf "runs/$NAME"
 set +e
@@ -18,7 +21,7 @@ bash "$(dirname "$0")/../deploy/rehearse.sh" --xloco "$XLOCO" --config configs/k
   --set inner.batch_size=1 --set inner.steps=200 --set inner.warmup_steps=20 \
   --set outer.inner_steps=25 --set inner.eval_batches=4 --set outer.eval_every=2 \
   --set outer.checkpoint_every=4 --set outer.min_providers=2 --set outer.start_grace_s=60 \
-  --set outer.deadline_multiple=1.5 --set outer.deadline_min_s=30 --set inner.log_every=5
+  --set outer.deadline_multiple=1.5 --set outer.deadline_min_s=30 --set inner.log_every=5 "$@"
 rc=$?
 set -e
 [ "$rc" -ne 77 ] || exit 77

@@ -19,6 +19,7 @@ Link::~Link() {
 void Link::post(net::Body body, uint64_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   outbox_.push_back(net::encode(net::Envelope{run_, round, std::move(body)}));
+  posted_ = true;
 }
 
 std::optional<net::Envelope> Link::next(std::chrono::milliseconds timeout) {
@@ -50,13 +51,14 @@ void Link::loop() {
   auto last_beat = Clock::now();
   while (true) {
     std::deque<net::Message> out;
-    bool stop = false;
+    bool stop = false, posted = false;
     net::Heartbeat beat;
     uint64_t round = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       out.swap(outbox_);
       stop = stop_;
+      posted = posted_;
       beat = {step_, tokens_per_s_};
       round = round_;
     }
@@ -68,7 +70,8 @@ void Link::loop() {
       }
       return;
     }
-    if (std::chrono::duration<double>(Clock::now() - last_beat).count() >= heartbeat_s_) {
+    // Sent after the posts taken above, so never ahead of the HELLO.
+    if (posted && std::chrono::duration<double>(Clock::now() - last_beat).count() >= heartbeat_s_) {
       last_beat = Clock::now();
       send(net::encode(net::Envelope{run_, round, beat}), /*urgent=*/true);
     }

@@ -1,7 +1,9 @@
 // A provider leader's link to the head, on its own thread: it sends what the leader posts,
 // sends a HEARTBEAT every outer.heartbeat_s (so a provider deep in its inner steps is not taken
 // for dead; urgent, so they pass a long transfer), and queues what arrives, decoded. The
-// transport is used from this thread only.
+// heartbeats start once the first post (the HELLO) has gone: one that reached the head before
+// it would be from a stranger, and is refused (a head slow to start reads them all at once).
+// The transport is used from this thread only.
 #pragma once
 
 #include <chrono>
@@ -49,6 +51,7 @@ class Link {
   std::deque<net::Message> outbox_;
   std::deque<net::Envelope> inbox_;
   bool stop_ = false;
+  bool posted_ = false;  // the first post (the HELLO) has been queued: heartbeats may follow it
   uint64_t round_ = 0, step_ = 0;
   double tokens_per_s_ = 0;
   Clock::time_point last_rx_ = Clock::now();

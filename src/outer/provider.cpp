@@ -85,6 +85,14 @@ class Leader {
         return {static_cast<int>(w->shard_index), static_cast<int>(w->shard_count)};
       }
       if (auto* e = std::get_if<net::ErrorReply>(&env->body)) {
+        // "Not a member: send HELLO" answers a message that reached the head before this
+        // HELLO did (a heartbeat can pass a HELLO still queued): the HELLO is on its way, and
+        // check_head_alive repeats it if no WELCOME comes. Any other refusal ends the join.
+        if (on_head_message(state_, *env).action == LeaderAction::kRepeatHello) {
+          spdlog::info("provider {}: the head had not seen its HELLO yet ({}); waiting for the "
+                       "WELCOME", opts_.name, e->reason);
+          continue;
+        }
         throw common::Error(fmt::format("the head refused provider {}: {} ({})", opts_.name,
                                         e->reason, net::to_string(e->code)));
       }

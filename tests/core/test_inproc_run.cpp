@@ -30,6 +30,7 @@
 #include "outer/documents.h"
 #include "outer/status_http.h"
 #include "outer/head.h"
+#include "outer/link.h"
 #include "outer/provider.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
@@ -648,5 +649,52 @@ TEST_SUITE("inproc_run") {
     auto again = run.head(/*resume=*/true);
     CHECK(!fs::exists(ckpt / ".tmp-round-000011-99999"));
     CHECK(common::latest_checkpoint(ckpt.string()) == (ckpt / "round-000010").string());
+  }
+
+  // Found by the 101 M-parameter rehearsal: a provider's heartbeats went out before its HELLO
+  // (while it hashed its θ), and a head slow to start (building its own model) read them all
+  // at once, answered each "not a member: send HELLO", and the provider took the answer as a
+  // refusal and exited.
+  TEST_CASE("a provider's link sends no heartbeat before its first post (the HELLO)") {
+    common::Config cfg = small_run("unused", 1);
+    cfg.outer.heartbeat_s = 0.05;
+    auto network = net::inproc::Network::create({});
+    auto head = network->listen();
+    outer::Link link(network->connect("p0"), cfg);
+    std::this_thread::sleep_for(400ms);  // eight heartbeat periods before anything is posted
+    link.post(net::Hello{"p0", "hash", 0, "", 0}, 0);
+    std::vector<net::MessageType> seen;
+    for (auto end = std::chrono::steady_clock::now() + 2s; seen.size() < 3 && std::chrono::steady_clock::now() < end;) {
+      if (auto rx = head->receive(50ms)) seen.push_back(net::decode(rx->message, cfg.run.name).type());
+    }
+    REQUIRE(seen.size() == 3);
+    CHECK(seen[0] == net::MessageType::kHello);
+    CHECK(seen[1] == net::MessageType::kHeartbeat);  // and the heartbeats follow it
+  }
+
+  TEST_CASE("a provider joining takes a 'not a member: send HELLO' answer to a message ahead of its HELLO as no refusal, and joins") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    ThreadedRun run("thr-join-rejoin-reply", 1);
+    auto head = run.network->listen();  // a head played by the test
+    run.provider("p0", 0);
+    bool welcomed = false;
+    for (auto end = std::chrono::steady_clock::now() + 60s; !welcomed && std::chrono::steady_clock::now() < end;) {
+      auto rx = head->receive(100ms);
+      if (!rx || !std::holds_alternative<net::Hello>(net::decode(rx->message, run.cfg.run.name).body)) continue;
+      // What a head answers to a heartbeat it read before this HELLO, then the WELCOME, then
+      // the end of the run (the provider stops on it; a silent head would end it after
+      // outer.head_timeout_s, as an error).
+      for (net::Body b : {net::Body{net::ErrorReply{net::RefusalCode::kRejoin, "heartbeat from p0, which is not a member: send HELLO"}},
+                          net::Body{net::Welcome{{}, 0, 1}}, net::Body{net::Bye{"the test ends the run"}}}) {
+        CHECK(head->send(rx->peer, net::encode(net::Envelope{run.cfg.run.name, 0, std::move(b)})) == net::SendStatus::kSent);
+      }
+      welcomed = true;
+    }
+    run.join();
+    CHECK(welcomed);
+    CHECK_MESSAGE(run.provider_errors.empty(), (run.provider_errors.empty() ? "" : run.provider_errors.begin()->second));
   }
 }
