@@ -105,6 +105,36 @@ uint64_t topk_block_bytes(uint32_t len, uint32_t topk, uint32_t topk_bits) {
   return 4 + 2 * k + (k * topk_bits + 7) / 8;
 }
 
+std::vector<TopkAt> topk_places(const std::vector<uint64_t>& numels, uint32_t block_size,
+                                uint32_t topk, uint32_t topk_bits) {
+  // Totals first: blocks (one scale each), values sent (one gap each), code bytes.
+  const auto code_bytes = [&](uint64_t k) { return (k * topk_bits + 7) / 8; };
+  struct Counts {
+    uint64_t blocks = 0, values = 0, codes = 0;
+  };
+  std::vector<Counts> each(numels.size());
+  Counts total;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    const uint64_t n = numels[i], full = n / block_size, tail = n % block_size;
+    const uint64_t k = std::min<uint64_t>(topk, block_size), kt = std::min<uint64_t>(topk, tail);
+    each[i] = {full + (tail != 0), full * k + kt, full * code_bytes(k) + (tail != 0 ? code_bytes(kt) : 0)};
+    total.blocks += each[i].blocks;
+    total.values += each[i].values;
+    total.codes += each[i].codes;
+  }
+  std::vector<TopkAt> at(numels.size());
+  TopkAt next{0, 4 * total.blocks, 4 * total.blocks + total.values,
+              4 * total.blocks + 2 * total.values};
+  for (size_t i = 0; i < numels.size(); ++i) {
+    at[i] = next;
+    next.scales += 4 * each[i].blocks;
+    next.lo += each[i].values;
+    next.hi += each[i].values;
+    next.codes += each[i].codes;
+  }
+  return at;
+}
+
 uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint32_t topk,
                               uint32_t topk_bits) {
   switch (codec) {

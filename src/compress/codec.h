@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace xloco::compress {
 
@@ -16,7 +17,8 @@ enum class Codec : uint8_t {
   kInt8 = 2,  // blockwise absmax, fp32 scale per block
   kInt4 = 3,  // blockwise absmax, two values per byte, fp32 scale per block
   kTopk = 4,  // per block: the topk largest |values| at 2 bits (±scale, ±2·scale) or 4 bits
-              // (±m·scale, m = 1..8; frame flag kFlagTopk4), u16 position gaps
+              // (±m·scale, m = 1..8; frame flag kFlagTopk4), u16 position gaps; the payload in
+              // four sections (format version 4, frame.h)
 };
 
 // Bounds a decoder enforces before it allocates anything a frame declares. The encoder checks
@@ -71,5 +73,16 @@ uint64_t tensor_payload_bytes(Codec codec, uint64_t n, uint32_t block_size, uint
 // topk: bytes of one block of `len` elements: fp32 scale, u16 position gaps, then the codes,
 // `topk_bits` (2 or 4) each.
 uint64_t topk_block_bytes(uint32_t len, uint32_t topk, uint32_t topk_bits = 2);
+
+// topk: a frame's payload is four sections, each running over every block of every tensor in
+// table order (frame.h): block scales, position gaps' low bytes, their high bytes, value codes.
+// TopkAt is where one tensor's first block lies in each, as byte offsets in the payload.
+struct TopkAt {
+  uint64_t scales = 0, lo = 0, hi = 0, codes = 0;
+};
+// The TopkAt of each tensor of these element counts; the sections add up to the sum of
+// tensor_payload_bytes, so a tensor's table range [offset, offset + bytes) keeps its size.
+std::vector<TopkAt> topk_places(const std::vector<uint64_t>& numels, uint32_t block_size,
+                                uint32_t topk, uint32_t topk_bits);
 
 }  // namespace xloco::compress

@@ -68,27 +68,27 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
   }
 
   // From here the payload size equals what the targets need, so allocating it is bounded.
-  if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
+  if (streamed(info)) {
     run_streamed(frame, info, targets, add);
     return;
   }
   const uint8_t* p = payload(frame, info);
   for (size_t i = 0; i < targets.size(); ++i) {
-    check_tensor(info, i, p + info.tensors[i].offset);
+    check_tensor(info, i, tensor_bytes(info, i, p));
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorEntry& e = info.tensors[i];
-    kernels::decode(info.codec, p + e.offset, e.numel, info.block_size, targets[i].data, add,
-                    info.topk, info.topk_bits);
+    kernels::decode(info.codec, tensor_bytes(info, i, p), e.numel, info.block_size,
+                    targets[i].data, add, info.topk, info.topk_bits, e.topk_at);
   }
 }
 
 void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const {
   const TensorEntry& e = info.tensors[i];
-  const auto defect =
-      kernels::check(info.codec, bytes, e.numel, info.block_size, info.topk, info.topk_bits);
+  const auto defect = kernels::check(info.codec, bytes, e.numel, info.block_size, info.topk,
+                                     info.topk_bits, e.topk_at);
   if (!defect) return;
-  const uint64_t at = e.offset + defect->byte_offset;
+  const uint64_t at = (info.codec == Codec::kTopk ? 0 : e.offset) + defect->byte_offset;
   const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
                                       : fmt::format("frame offset {}", info.stored_offset + at);
   XLOCO_FRAME_ENFORCE(
@@ -175,15 +175,24 @@ double Decoder::norm(const uint8_t* frame, size_t size) {
     check_tensor(info, i, bytes);
     const TensorEntry& e = info.tensors[i];
     sum += kernels::sum_squares(info.codec, bytes, e.numel, info.block_size, info.topk,
-                                info.topk_bits);
+                                info.topk_bits, e.topk_at);
   };
-  if (info.zstd && info.payload_bytes > kWholePayloadBytes) {
+  if (streamed(info)) {
     stream_pass(prepare_stream(frame, info), info, true, tensor);
   } else {
     const uint8_t* p = payload(frame, info);
-    for (size_t i = 0; i < info.tensors.size(); ++i) tensor(i, p + info.tensors[i].offset);
+    for (size_t i = 0; i < info.tensors.size(); ++i) tensor(i, tensor_bytes(info, i, p));
   }
   return std::sqrt(sum);
+}
+
+bool Decoder::streamed(const FrameInfo& info) {
+  // topk's tensors each lie in all four sections of the payload (frame.h): never streamed.
+  return info.zstd && info.payload_bytes > kWholePayloadBytes && info.codec != Codec::kTopk;
+}
+
+const uint8_t* Decoder::tensor_bytes(const FrameInfo& info, size_t i, const uint8_t* payload) {
+  return info.codec == Codec::kTopk ? payload : payload + info.tensors[i].offset;
 }
 
 void Decoder::reserve_scratch(uint64_t bytes) {

@@ -62,12 +62,17 @@ class Decoder {
   template <class Each>
   void stream_pass(const uint8_t* stored, const FrameInfo& info, bool verify_end, Each&& each);
   void check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const;
+  // Whether this frame is decoded a tensor at a time (large zstd payloads, not topk).
+  static bool streamed(const FrameInfo& info);
+  // What the kernels get for tensor i: its range, or for topk the whole payload (frame.h).
+  static const uint8_t* tensor_bytes(const FrameInfo& info, size_t i, const uint8_t* payload);
   const uint8_t* check_zstd_frame(const uint8_t* frame, const FrameInfo& info) const;
   void reserve_scratch(uint64_t bytes);
 
   Limits limits_;
   // Compressed payloads up to this size are decompressed whole in one pass; larger ones are
-  // streamed one tensor at a time (two passes), so memory stays at the largest tensor.
+  // streamed one tensor at a time (two passes), so memory stays at the largest tensor; topk
+  // payloads (each tensor in four sections, under 1/8 of the fp32 model) are always whole.
   static constexpr uint64_t kWholePayloadBytes = 8ull << 20;
   std::unique_ptr<uint8_t[]> scratch_;  // decompressed payload or tensor; sized by validated targets
   uint64_t scratch_bytes_ = 0;

@@ -98,6 +98,10 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
     info.tensors.push_back(std::move(e));
   }
   info.payload_bytes = offset;
+  place_topk(info);
+  // topk's tensors each write into all four sections (frame.h): its payload is put together
+  // whole (under 1/8 of the fp32 tensors), then compressed section by section.
+  const bool whole = info.codec == Codec::kTopk;
 
   // Sizes are checked against all residuals before any of them is created or touched.
   const bool feedback = config_.error_feedback && config_.codec != Codec::kFp32;
@@ -115,18 +119,21 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
                       "tensor table of {} bytes, the format carries up to 4 GiB",
                       prefix - kHeaderBytes);
   // With zstd, each tensor is quantized into a scratch buffer the size of the largest tensor
-  // and streamed into the compressor: the uncompressed payload never exists in full.
+  // and streamed into the compressor: the uncompressed payload never exists in full (topk:
+  // the scratch holds the whole payload).
   uint8_t* payload = nullptr;
   ZSTD_outBuffer out{nullptr, 0, 0};
   if (zstd_) {
     uint64_t largest = 1;
     for (const TensorEntry& e : info.tensors) largest = std::max(largest, e.bytes);
+    if (whole) largest = std::max<uint64_t>(1, info.payload_bytes);
     if (scratch_bytes_ < largest) {
       scratch_.reset();
       scratch_.reset(new uint8_t[largest]);
       scratch_bytes_ = largest;
     }
-    const size_t bound = ZSTD_compressBound(info.payload_bytes);
+    // (+ 64: the few block headers that topk's section ends add)
+    const size_t bound = ZSTD_compressBound(info.payload_bytes) + 64;
     frame.resize(prefix + bound);
     out = ZSTD_outBuffer{frame.data() + prefix, bound, 0};
     check_zstd(ZSTD_CCtx_reset(zstd_->cctx, ZSTD_reset_session_only), "reset");
@@ -144,9 +151,10 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
       const float decay = config_.residual_decay;
       for (uint64_t j = 0; j < e.numel; ++j) residual[j] = decay * residual[j];
     }
-    uint8_t* dst = zstd_ ? scratch_.get() : payload + e.offset;
+    uint8_t* base = zstd_ ? scratch_.get() : payload;
+    uint8_t* dst = whole ? base : zstd_ ? base : payload + e.offset;
     const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size, dst,
-                                        info.topk, info.topk_bits);
+                                        info.topk, info.topk_bits, e.topk_at);
     if (defect) {
       // With feedback, the residual holds x + e for the defective block.
       const float x = in.data[defect->index];
@@ -161,13 +169,16 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
           false, kOverLimit, "tensor '{}' (#{}): element {} is {}, beyond the {} range ±{}", e.name,
           i, defect->index, value, to_string(info.codec), kernels::max_encodable(info.codec));
     }
-    if (zstd_) {
-      ZSTD_inBuffer src{dst, e.bytes, 0};
-      while (src.pos < src.size) {
-        const size_t rc = ZSTD_compressStream2(zstd_->cctx, &out, &src, ZSTD_e_continue);
-        XLOCO_ENFORCE(!ZSTD_isError(rc), common::Error, "zstd compression failed: {}",
-                      ZSTD_getErrorName(rc));
-      }
+    if (zstd_ && !whole) compress_part(out, dst, e.bytes, false);
+  }
+  if (zstd_ && whole && !info.tensors.empty()) {
+    // One zstd block (at least) per section: each gets its own entropy tables.
+    const TopkAt& first = info.tensors.front().topk_at;
+    const uint64_t ends[4] = {first.lo, first.hi, first.codes, info.payload_bytes};
+    uint64_t from = 0;
+    for (const uint64_t end : ends) {
+      compress_part(out, scratch_.get() + from, end - from, true);
+      from = end;
     }
   }
 
@@ -198,6 +209,16 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
   }
   write_frame_prefix(info, frame.data());
   stats_ = EncodeStats{info.payload_bytes, frame.size(), info.zstd};
+}
+
+void Encoder::compress_part(ZSTD_outBuffer_s& out, const uint8_t* data, uint64_t size, bool flush) {
+  ZSTD_inBuffer src{data, size, 0};
+  const ZSTD_EndDirective how = flush ? ZSTD_e_flush : ZSTD_e_continue;
+  for (size_t left = 1; src.pos < src.size || (flush && left != 0);) {
+    left = ZSTD_compressStream2(zstd_->cctx, &out, &src, how);
+    XLOCO_ENFORCE(!ZSTD_isError(left), common::Error, "zstd compression failed: {}",
+                  ZSTD_getErrorName(left));
+  }
 }
 
 float* Encoder::residual_for(const std::string& name, uint64_t numel) {

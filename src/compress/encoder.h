@@ -13,6 +13,8 @@
 #include "compress/codec.h"
 #include "compress/tensor_ref.h"
 
+struct ZSTD_outBuffer_s;
+
 namespace xloco::compress {
 
 struct EncodeStats {
@@ -59,6 +61,8 @@ class Encoder {
   std::unique_ptr<uint8_t[]> scratch_;  // one quantized tensor before zstd; never zero-filled
   uint64_t scratch_bytes_ = 0;
   struct Zstd;
+  // Feeds `size` bytes to the compressor; `flush` ends the zstd block there.
+  void compress_part(ZSTD_outBuffer_s& out, const uint8_t* data, uint64_t size, bool flush);
   std::unique_ptr<Zstd> zstd_;
   EncodeStats stats_;
 };

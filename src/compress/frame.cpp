@@ -195,7 +195,17 @@ FrameInfo parse_frame(const uint8_t* frame, size_t size, const Limits& limits) {
   XLOCO_FRAME_ENFORCE(offset == info.payload_bytes, kCorrupt,
                       "tensors take {} payload bytes, header declares {}", offset,
                       info.payload_bytes);
+  place_topk(info);
   return info;
+}
+
+void place_topk(FrameInfo& info) {
+  if (info.codec != Codec::kTopk) return;
+  std::vector<uint64_t> numels;
+  numels.reserve(info.tensors.size());
+  for (const TensorEntry& e : info.tensors) numels.push_back(e.numel);
+  const auto at = topk_places(numels, info.block_size, info.topk, info.topk_bits);
+  for (size_t i = 0; i < at.size(); ++i) info.tensors[i].topk_at = at[i];
 }
 
 size_t frame_prefix_bytes(const std::vector<TensorEntry>& tensors) {

@@ -523,11 +523,15 @@ BlockScale fit_topk_scale(const float* w, const uint16_t* chosen, uint32_t k, fl
 
 template <uint32_t Bits>
 std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_t n,
-                                        uint32_t block_size, uint32_t topk, uint8_t* out) {
+                                        uint32_t block_size, uint32_t topk, uint8_t* payload,
+                                        const TopkAt& at) {
   using Code = TopkCode<Bits>;
   const float limit = max_encodable(Codec::kTopk);
   thread_local std::vector<float> scratch;  // w without feedback
-  for (uint64_t start = 0; start < n; start += block_size) {
+  // The tensor's parts in the payload's four sections (frame.h); every block but the last is full.
+  const uint32_t k_full = std::min(topk, block_size);
+  const uint64_t code_bytes_full = (uint64_t{k_full} * Bits + 7) / 8;
+  for (uint64_t start = 0, b = 0; start < n; start += block_size, ++b) {
     const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
     const uint32_t k = std::min(topk, len);
     float* w = residual != nullptr ? residual + start : nullptr;
@@ -545,11 +549,11 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
     chosen.resize(k);
     select_topk(w, len, k, chosen.data());
     const BlockScale s = fit_topk_scale<Bits>(w, chosen.data(), k, absmax);
-    reinterpret_cast<WireF32*>(out)->v = s.scale;
-    uint8_t* gap_lo = out + 4;  // position gaps, low bytes, then high bytes (frame.h)
-    uint8_t* gap_hi = gap_lo + k;
-    uint8_t* codes = gap_hi + k;
-    std::fill(codes, out + topk_block_bytes(len, topk, Bits), uint8_t{0});  // the block's codes
+    reinterpret_cast<WireF32*>(payload + at.scales + 4 * b)->v = s.scale;
+    uint8_t* gap_lo = payload + at.lo + b * k_full;  // position gaps, low bytes, then high bytes
+    uint8_t* gap_hi = payload + at.hi + b * k_full;
+    uint8_t* codes = payload + at.codes + b * code_bytes_full;
+    std::fill(codes, codes + (uint64_t{k} * Bits + 7) / 8, uint8_t{0});  // the block's codes
     uint32_t prev = 0;
     for (uint32_t j = 0; j < k; ++j) {
       const uint16_t i = chosen[j];
@@ -561,96 +565,100 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
       Code::put(codes, j, code);
       w[i] = w[i] - Code::value(code, s.scale);  // what the receiver misses of this value
     }
-    out += topk_block_bytes(len, topk, Bits);
   }
   return std::nullopt;
 }
 
-// Gap j of a block's k position gaps (low bytes, then high bytes).
-inline uint32_t topk_gap_at(const uint8_t* gaps, uint32_t k, uint32_t j) {
-  return gaps[j] | uint32_t{gaps[k + j]} << 8;
-}
+// One block of a topk payload as read from its four sections (frame.h).
+struct TopkBlock {
+  uint64_t start = 0;  // first element of the tensor
+  uint32_t len = 0, k = 0;
+  uint64_t scale_at = 0, lo_at = 0;  // byte offsets in the payload
+  float scale = 0;
+  const uint8_t* lo = nullptr;  // the k gaps' low bytes; their high bytes; the codes
+  const uint8_t* hi = nullptr;
+  const uint8_t* codes = nullptr;
+  uint32_t gap(uint32_t j) const { return lo[j] | uint32_t{hi[j]} << 8; }
+};
 
-// Each block of a topk payload, until `block` returns false:
-// `block(start, len, k, record, scale, gaps, codes)`, `record` the byte offset of the block's
-// scale within the payload.
+// Each block of one tensor of a topk payload, until `block(const TopkBlock&)` returns false.
 template <class Block>
-inline void for_each_topk_block(const uint8_t* payload, uint64_t n, uint32_t block_size,
-                                uint32_t topk, uint32_t topk_bits, Block&& block) {
-  uint64_t record = 0;
-  for (uint64_t start = 0; start < n; start += block_size) {
-    const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
-    const uint32_t k = std::min(topk, len);
-    const uint8_t* r = payload + record;
-    const float scale = reinterpret_cast<const WireF32*>(r)->v;
-    const uint8_t* gaps = r + 4;
-    const uint8_t* codes = r + 4 + 2 * static_cast<uint64_t>(k);
-    if (!block(start, len, k, record, scale, gaps, codes)) return;
-    record += topk_block_bytes(len, topk, topk_bits);
+inline void for_each_topk_block(const uint8_t* payload, const TopkAt& at, uint64_t n,
+                                uint32_t block_size, uint32_t topk, uint32_t topk_bits,
+                                Block&& block) {
+  const uint32_t k_full = std::min(topk, block_size);
+  const uint64_t code_bytes_full = (uint64_t{k_full} * topk_bits + 7) / 8;
+  TopkBlock t;
+  for (uint64_t b = 0; t.start < n; t.start += block_size, ++b) {
+    t.len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - t.start));
+    t.k = std::min(topk, t.len);
+    t.scale_at = at.scales + 4 * b;
+    t.lo_at = at.lo + b * k_full;
+    t.scale = reinterpret_cast<const WireF32*>(payload + t.scale_at)->v;
+    t.lo = payload + t.lo_at;
+    t.hi = payload + at.hi + b * k_full;
+    t.codes = payload + at.codes + b * code_bytes_full;
+    if (!block(t)) return;
   }
 }
 
 // Every code of either width is a valid value: only the scale and the positions can be wrong.
-std::optional<PayloadDefect> check_topk(const uint8_t* payload, uint64_t n, uint32_t block_size,
-                                        uint32_t topk, uint32_t topk_bits) {
+// Defects are at byte offsets in the payload (the scale, or the gap's low byte).
+std::optional<PayloadDefect> check_topk(const uint8_t* payload, const TopkAt& at, uint64_t n,
+                                        uint32_t block_size, uint32_t topk, uint32_t topk_bits) {
   std::optional<PayloadDefect> defect;
-  for_each_topk_block(payload, n, block_size, topk, topk_bits,
-                      [&](uint64_t, uint32_t len, uint32_t k, uint64_t at, float scale,
-                          const uint8_t* gaps, const uint8_t*) {
-                        if (!std::isfinite(scale)) {
-                          defect = PayloadDefect{Defect::kNonFinite, at};
-                        } else if (!(scale >= 0.0f && scale <= kMaxScale)) {
-                          defect = PayloadDefect{Defect::kBadScale, at};
-                        } else {
-                          // p < len ≤ 2^16 before each gap is added: no overflow.
-                          uint32_t p = 0;
-                          for (uint32_t j = 0; j < k && !defect; ++j) {
-                            const uint32_t gap = topk_gap_at(gaps, k, j);
-                            p += gap;
-                            if ((gap == 0 && j > 0) || p >= len) {
-                              defect = PayloadDefect{Defect::kBadIndex, at + 4 + uint64_t{j}};
-                            }
-                          }
-                        }
-                        return !defect;
-                      });
+  for_each_topk_block(payload, at, n, block_size, topk, topk_bits, [&](const TopkBlock& b) {
+    if (!std::isfinite(b.scale)) {
+      defect = PayloadDefect{Defect::kNonFinite, b.scale_at};
+    } else if (!(b.scale >= 0.0f && b.scale <= kMaxScale)) {
+      defect = PayloadDefect{Defect::kBadScale, b.scale_at};
+    } else {
+      // p < len ≤ 2^16 before each gap is added: no overflow.
+      uint32_t p = 0;
+      for (uint32_t j = 0; j < b.k && !defect; ++j) {
+        const uint32_t gap = b.gap(j);
+        p += gap;
+        if ((gap == 0 && j > 0) || p >= b.len) {
+          defect = PayloadDefect{Defect::kBadIndex, b.lo_at + j};
+        }
+      }
+    }
+    return !defect;
+  });
   return defect;
 }
 
 template <uint32_t Bits>
-void decode_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk,
-                 float* out, bool add) {
+void decode_topk(const uint8_t* payload, const TopkAt& at, uint64_t n, uint32_t block_size,
+                 uint32_t topk, float* out, bool add) {
   using Code = TopkCode<Bits>;
   // Block by block, zeroing each just before its values land, so they land in cache.
-  for_each_topk_block(payload, n, block_size, topk, Bits,
-                      [&](uint64_t start, uint32_t len, uint32_t k, uint64_t, float scale,
-                          const uint8_t* gaps, const uint8_t* codes) {
-                        float* o = out + start;
-                        if (!add) std::fill(o, o + len, 0.0f);
-                        uint32_t p = 0;
-                        for (uint32_t j = 0; j < k; ++j) {
-                          p += topk_gap_at(gaps, k, j);
-                          o[p] = o[p] + Code::value(Code::at(codes, j), scale);
-                        }
-                        return true;
-                      });
+  for_each_topk_block(payload, at, n, block_size, topk, Bits, [&](const TopkBlock& b) {
+    float* o = out + b.start;
+    if (!add) std::fill(o, o + b.len, 0.0f);
+    uint32_t p = 0;
+    for (uint32_t j = 0; j < b.k; ++j) {
+      p += b.gap(j);
+      o[p] = o[p] + Code::value(Code::at(b.codes, j), b.scale);
+    }
+    return true;
+  });
 }
 
 template <uint32_t Bits>
-double sum_squares_topk(const uint8_t* payload, uint64_t n, uint32_t block_size, uint32_t topk) {
+double sum_squares_topk(const uint8_t* payload, const TopkAt& at, uint64_t n,
+                        uint32_t block_size, uint32_t topk) {
   using Code = TopkCode<Bits>;
   double sum = 0;
-  for_each_topk_block(payload, n, block_size, topk, Bits,
-                      [&](uint64_t, uint32_t, uint32_t k, uint64_t, float scale, const uint8_t*,
-                          const uint8_t* codes) {
-                        uint64_t m2 = 0;  // Σ magnitude²
-                        for (uint32_t j = 0; j < k; ++j) {
-                          const uint64_t m = Code::magnitude(Code::at(codes, j));
-                          m2 += m * m;
-                        }
-                        sum += static_cast<double>(scale) * scale * static_cast<double>(m2);
-                        return true;
-                      });
+  for_each_topk_block(payload, at, n, block_size, topk, Bits, [&](const TopkBlock& b) {
+    uint64_t m2 = 0;  // Σ magnitude²
+    for (uint32_t j = 0; j < b.k; ++j) {
+      const uint64_t m = Code::magnitude(Code::at(b.codes, j));
+      m2 += m * m;
+    }
+    sum += static_cast<double>(b.scale) * b.scale * static_cast<double>(m2);
+    return true;
+  });
   return sum;
 }
 
@@ -673,10 +681,10 @@ float max_encodable(Codec codec) {
 
 std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
                                    uint32_t block_size, uint8_t* out, uint32_t topk,
-                                   uint32_t topk_bits) {
+                                   uint32_t topk_bits, const TopkAt& at) {
   if (codec == Codec::kTopk) {
-    return topk_bits == 4 ? encode_topk<4>(x, residual, n, block_size, topk, out)
-                          : encode_topk<2>(x, residual, n, block_size, topk, out);
+    return topk_bits == 4 ? encode_topk<4>(x, residual, n, block_size, topk, out, at)
+                          : encode_topk<2>(x, residual, n, block_size, topk, out, at);
   }
   if (codec == Codec::kFp32 || codec == Codec::kBf16) {
     return encode_elementwise(codec, x, residual, n, out);
@@ -685,8 +693,9 @@ std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual,
 }
 
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
-                                   uint32_t block_size, uint32_t topk, uint32_t topk_bits) {
-  if (codec == Codec::kTopk) return check_topk(payload, n, block_size, topk, topk_bits);
+                                   uint32_t block_size, uint32_t topk, uint32_t topk_bits,
+                                   const TopkAt& at) {
+  if (codec == Codec::kTopk) return check_topk(payload, at, n, block_size, topk, topk_bits);
   if (codec == Codec::kFp32 || codec == Codec::kBf16) {
     return check_elementwise(codec, payload, n);
   }
@@ -700,13 +709,13 @@ std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t
 }
 
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
-            bool add, uint32_t topk, uint32_t topk_bits) {
+            bool add, uint32_t topk, uint32_t topk_bits, const TopkAt& at) {
   switch (codec) {
     case Codec::kTopk:
       if (topk_bits == 4) {
-        decode_topk<4>(payload, n, block_size, topk, out, add);
+        decode_topk<4>(payload, at, n, block_size, topk, out, add);
       } else {
-        decode_topk<2>(payload, n, block_size, topk, out, add);
+        decode_topk<2>(payload, at, n, block_size, topk, out, add);
       }
       return;
     case Codec::kFp32:
@@ -733,12 +742,12 @@ void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size
 }
 
 double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size,
-                   uint32_t topk, uint32_t topk_bits) {
+                   uint32_t topk, uint32_t topk_bits, const TopkAt& at) {
   double sum = 0;
   switch (codec) {
     case Codec::kTopk:
-      return topk_bits == 4 ? sum_squares_topk<4>(payload, n, block_size, topk)
-                            : sum_squares_topk<2>(payload, n, block_size, topk);
+      return topk_bits == 4 ? sum_squares_topk<4>(payload, at, n, block_size, topk)
+                            : sum_squares_topk<2>(payload, at, n, block_size, topk);
     case Codec::kFp32: {
       const auto* v = reinterpret_cast<const WireF32*>(payload);
       for (uint64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i].v) * v[i].v;

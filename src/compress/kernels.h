@@ -43,31 +43,33 @@ struct EncodeDefect {
 // topk keeps in `residual` every value it did not send, and for those it sent the difference
 // to their 2-bit (or 4-bit, `topk_bits`) value. The positions sent are the topk largest |x + residual| per block, ties
 // to the lower position: the same input gives the same bytes on every machine.
+// topk: `out` is the start of the whole payload, and the tensor's parts go where `at` says
+// (codec.h topk_places); for the other codecs `out` is the tensor's own range.
 std::optional<EncodeDefect> encode(Codec codec, const float* x, float* residual, uint64_t n,
                                    uint32_t block_size, uint8_t* out, uint32_t topk = 0,
-                                   uint32_t topk_bits = 2);
+                                   uint32_t topk_bits = 2, const TopkAt& at = {});
 
 struct PayloadDefect {
   Defect defect;
-  uint64_t byte_offset;  // within this tensor's payload
+  uint64_t byte_offset;  // within this tensor's range (topk: within the payload)
 };
 
 // Checks one tensor's payload before anything is written: non-finite values (fp32, bf16) or
 // scales that are non-finite, negative or above kMaxScale (int8, int4).
 // topk also: positions (sums of the gaps sent) inside their block and strictly increasing (every
-// gap after the first ≥ 1, so none repeats).
+// gap after the first ≥ 1, so none repeats). `payload` and `at` as for encode.
 std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t n,
                                    uint32_t block_size, uint32_t topk = 0,
-                                   uint32_t topk_bits = 2);
+                                   uint32_t topk_bits = 2, const TopkAt& at = {});
 
 // out = deq(payload), or out += deq(payload) when `add`. Only for payloads check() accepted.
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
-            bool add, uint32_t topk = 0, uint32_t topk_bits = 2);
+            bool add, uint32_t topk = 0, uint32_t topk_bits = 2, const TopkAt& at = {});
 
 // Σ deq(payload)², accumulated in double (an int8/int4 block adds scale² · Σq²), so that a
 // frame's norm is known without writing its values anywhere. Only for payloads check() accepted;
 // the result is finite for every such payload (|deq| < 2^128 each).
 double sum_squares(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size,
-                   uint32_t topk = 0, uint32_t topk_bits = 2);
+                   uint32_t topk = 0, uint32_t topk_bits = 2, const TopkAt& at = {});
 
 }  // namespace xloco::compress::kernels

@@ -107,7 +107,9 @@ TEST_SUITE("hostile") {
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
     put<uint16_t>(f, 4, 2);  // version 2 sent topk positions, not gaps
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
-    put<uint16_t>(f, 4, 4);
+    put<uint16_t>(f, 4, 3);  // version 3 interleaved a topk block's parts
+    CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
+    put<uint16_t>(f, 4, 5);
     CHECK(decode_kind(f, in) == FrameErrorKind::kBadVersion);
     f = good;
     f[6] = 5;
@@ -271,15 +273,25 @@ TEST_SUITE("hostile") {
     REQUIRE(decode_kind(good, in) == std::nullopt);
     const FrameInfo info = parse_frame(good.data(), good.size(), Limits{});
     REQUIRE(info.topk == 8);
-    // First block: scale, 8 gap low bytes, 8 gap high bytes, 2 code bytes.
-    const size_t block0 = info.stored_offset;
-    const auto set_gap = [&](std::vector<uint8_t>& f, size_t block, uint32_t k, uint32_t j,
+    // The payload's four sections (frame.h): scales, gaps' low bytes, high bytes, codes; the
+    // first tensor's first block starts each. A block's gap j lies at lo + j and hi + j.
+    const size_t base = info.stored_offset;
+    const TopkAt& at0 = info.tensors[0].topk_at;
+    REQUIRE(at0.scales == 0);
+    REQUIRE(at0.lo > 0);
+    REQUIRE(at0.hi > at0.lo);
+    const size_t block0 = base;  // its scale
+    struct GapAt {
+      size_t lo, hi;
+    };
+    const GapAt first{base + at0.lo, base + at0.hi};
+    const auto set_gap = [&](std::vector<uint8_t>& f, GapAt b, uint32_t, uint32_t j,
                              uint32_t gap) {
-      f[block + 4 + j] = static_cast<uint8_t>(gap);
-      f[block + 4 + k + j] = static_cast<uint8_t>(gap >> 8);
+      f[b.lo + j] = static_cast<uint8_t>(gap);
+      f[b.hi + j] = static_cast<uint8_t>(gap >> 8);
     };
     const auto gap = [&](const std::vector<uint8_t>& f, uint32_t j) {
-      return f[block0 + 4 + j] | uint32_t{f[block0 + 4 + 8 + j]} << 8;
+      return f[first.lo + j] | uint32_t{f[first.hi + j]} << 8;
     };
     uint32_t last = 0;  // the block's last position: the sum of its gaps
     for (uint32_t j = 0; j < 8; ++j) last += gap(good, j);
@@ -288,23 +300,23 @@ TEST_SUITE("hostile") {
       CAPTURE(level);
       const auto frame_of = [&](std::vector<uint8_t> f) { return level == 0 ? f : recompress(f); };
       auto f = good;
-      set_gap(f, block0, 8, 0, 256);  // the block has 256 values: 0..255
+      set_gap(f, first, 8, 0, 256);  // the block has 256 values: 0..255
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      set_gap(f, block0, 8, 7, gap(good, 7) + 256 - last);  // the last position at 256
+      set_gap(f, first, 8, 7, gap(good, 7) + 256 - last);  // the last position at 256
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      set_gap(f, block0, 8, 7, gap(good, 7) + 255 - last);  // at 255: still inside
+      set_gap(f, first, 8, 7, gap(good, 7) + 255 - last);  // at 255: still inside
       CHECK(decode_kind(frame_of(f), in) == std::nullopt);
       f = good;
-      for (uint32_t j = 0; j < 8; ++j) set_gap(f, block0, 8, j, 65535);  // sums past 2^16
+      for (uint32_t j = 0; j < 8; ++j) set_gap(f, first, 8, j, 65535);  // sums past 2^16
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      set_gap(f, block0, 8, 3, 0);  // a repeated position
+      set_gap(f, first, 8, 3, 0);  // a repeated position
       CHECK(decode_kind(frame_of(f), in) == FrameErrorKind::kCorrupt);
       f = good;
-      set_gap(f, block0, 8, 0, 0);  // a first gap of 0 is position 0: fine
-      set_gap(f, block0, 8, 1, gap(good, 0) + gap(good, 1));
+      set_gap(f, first, 8, 0, 0);  // a first gap of 0 is position 0: fine
+      set_gap(f, first, 8, 1, gap(good, 0) + gap(good, 1));
       CHECK(decode_kind(frame_of(f), in) == std::nullopt);
       f = good;
       put<float>(f, block0, std::numeric_limits<float>::quiet_NaN());
@@ -321,8 +333,9 @@ TEST_SUITE("hostile") {
     const TensorEntry& last_tensor = info.tensors[1];
     const uint64_t tail = last_tensor.numel % 256;
     REQUIRE(tail != 0);
-    const uint64_t tail_block = info.stored_offset + last_tensor.offset + last_tensor.bytes -
-                                topk_block_bytes(static_cast<uint32_t>(tail), 8);
+    const uint64_t tail_index = last_tensor.numel / 256;  // its block within the tensor
+    const GapAt tail_block{base + last_tensor.topk_at.lo + tail_index * 8,
+                           base + last_tensor.topk_at.hi + tail_index * 8};
     set_gap(f, tail_block, 8, 0, static_cast<uint32_t>(tail));
     CHECK(decode_kind(f, in) == FrameErrorKind::kCorrupt);
     // The header's count: 0, or more than a block holds.

@@ -125,6 +125,25 @@ TEST_SUITE("topk") {
     }
   }
 
+  TEST_CASE("the payload's four sections: each tensor's place in scales, gap bytes and codes") {
+    // Two blocks and a tail of 100 (k 100), then a tensor of 50 (k 50): 326 values, 3 blocks.
+    const auto at = topk_places({4096 + 100, 50}, 4096, 176, 2);
+    REQUIRE(at.size() == 2);
+    CHECK(at[0].scales == 0);
+    CHECK(at[1].scales == 8);
+    CHECK(at[0].lo == 12);
+    CHECK(at[1].lo == 12 + 276);
+    CHECK(at[0].hi == 12 + 326);
+    CHECK(at[1].hi == 12 + 326 + 276);
+    CHECK(at[0].codes == 12 + 2 * 326);
+    CHECK(at[1].codes == 12 + 2 * 326 + 44 + 25);  // ceil(176 / 4), ceil(100 / 4)
+    // The sections end where the tensors' table ranges do: 13 code bytes for the last 50.
+    CHECK(at[1].codes + 13 == tensor_payload_bytes(Codec::kTopk, 4096 + 100, 4096, 176) +
+                                  tensor_payload_bytes(Codec::kTopk, 50, 4096, 176));
+    const auto at4 = topk_places({4096 + 100, 50}, 4096, 176, 4);
+    CHECK(at4[1].codes == 12 + 2 * 326 + 88 + 50);
+  }
+
   TEST_CASE("4-bit values: the same positions, every value ±m·s (m = 1..8) at its nearer level, far closer than 2 bits") {
     for (const auto& [block, k] : {std::pair<uint32_t, uint32_t>{4096, 176}, {256, 8}, {100, 3},
                                   {7, 7}}) {
@@ -154,16 +173,17 @@ TEST_SUITE("topk") {
       CHECK(tensor_payload_bytes(Codec::kTopk, 4096, 4096, 176, 4) ==
             4 + 2 * 176 + 88);  // scale, gaps, one nibble a value
       double sse4 = 0, sse2 = 0;
-      uint64_t record = parse_frame(frame4.data(), frame4.size(), Limits{}).stored_offset;
+      const FrameInfo info4 = parse_frame(frame4.data(), frame4.size(), Limits{});
+      // The scales' section (frame.h), read from the raw frame (no zstd): one f32 per block.
+      uint64_t record = info4.stored_offset + info4.tensors[0].topk_at.scales;
       for (uint64_t start = 0; start < x.size(); start += block) {
         const auto len = static_cast<uint32_t>(std::min<uint64_t>(block, x.size() - start));
         const auto want = brute_topk(x, start, len, k);
         std::vector<bool> sent(len, false);
         for (const uint64_t i : want) sent[i - start] = true;
-        // The block's scale, read from the raw frame (no zstd): its record's first 4 bytes.
         float s = 0;
         std::memcpy(&s, frame4.data() + record, 4);
-        record += topk_block_bytes(len, k, 4);
+        record += 4;
         for (uint64_t i = start; i < start + len; ++i) {
           if (!sent[i - start]) {
             if (y4[i] != 0.0f) FAIL_CHECK("unsent value " << i << " decoded as " << y4[i]);
@@ -244,9 +264,13 @@ TEST_SUITE("topk") {
       in.add("x", {kBlock}, x);
       const auto frame = Encoder(topk_config(kBlock, kK, 0)).encode(in.inputs());
       const uint64_t payload = frame.size() - tensor_payload_bytes(Codec::kTopk, kBlock, kBlock, kK);
+      // One block: scale, then the gaps' low bytes, their high bytes, the codes (frame.h).
+      const TopkAt at = parse_frame(frame.data(), frame.size(), Limits{}).tensors[0].topk_at;
+      REQUIRE(at.lo == 4);
+      REQUIRE(at.hi == 4 + kK);
       std::vector<uint64_t> sent(kK);
-      for (uint64_t j = 0, p = 0; j < kK; ++j) {  // gaps: k low bytes, then k high bytes
-        p += frame[payload + 4 + j] | uint64_t{frame[payload + 4 + kK + j]} << 8;
+      for (uint64_t j = 0, p = 0; j < kK; ++j) {
+        p += frame[payload + at.lo + j] | uint64_t{frame[payload + at.hi + j]} << 8;
         sent[j] = p;
       }
       CHECK(sent == brute_topk(x, 0, kBlock, kK));
