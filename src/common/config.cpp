@@ -28,7 +28,7 @@ template <class E> constexpr std::array<const char*, 0> kNames{};
 template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist", "tokens"};
 template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet", "contiguous"};
 template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn", "torchscript"};
-template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk"};
+template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk", "relay"};
 template <> constexpr std::array kNames<Kernels>{"fused", "aten"};
 template <> constexpr std::array kNames<Overlap>{"none", "delayed"};
 template <> constexpr std::array kNames<Fold>{"step", "arrival"};
@@ -255,6 +255,13 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.dead_after_s >= 2 * c.outer.heartbeat_s, ConfigError,
                 "config: outer.dead_after_s = {:g} must be at least twice outer.heartbeat_s = {:g}",
                 c.outer.dead_after_s, c.outer.heartbeat_s);
+  XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kRelay, ConfigError,
+                "config: outer.codec_up = \"relay\": relay is a downlink only (it sends the "
+                "uplink's own frames); pick the uplink's codec");
+  XLOCO_ENFORCE(c.outer.codec_down != CodecKind::kRelay || c.outer.momentum == 0, ConfigError,
+                "config: outer.codec_down = \"relay\" applies outer SGD on every replica: "
+                "outer.momentum must be 0 (it is {:g})",
+                c.outer.momentum);
   XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kInt4 || c.outer.block_size % 2 == 0, ConfigError,
                 "config: outer.block_size = {} must be even for int4", c.outer.block_size);
   if (c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk) {

@@ -16,7 +16,7 @@ namespace xloco::common {
 enum class DatasetKind { kKjv, kFmnist, kTokens };
 enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
 enum class ModelKind { kGpt, kCnn, kTorchScript };
-enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk };
+enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk, kRelay };  // relay: downlink only
 enum class Kernels { kFused, kAten };
 enum class Overlap { kNone, kDelayed };
 enum class Fold { kStep, kArrival };
@@ -89,7 +89,8 @@ struct OuterConfig {
   double momentum = 0.9;         // outer momentum
   bool nesterov = true;          // Nesterov momentum (DiLoCo)
   CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4 | topk
-  CodecKind codec_down = CodecKind::kInt8;  // head -> provider update
+  CodecKind codec_down = CodecKind::kInt8;  // head -> provider update; also "relay": the round's
+                                            // uplink frames themselves (outer/relay.h; SGD only)
   int block_size = 256;          // quantization block (int8, int4), or top-k chunk (topk, ≤ 65536)
   int topk = 0;                  // topk: values sent per block; 0 = block_size / 64 (at least 1)
   int topk_down = 0;             // topk on the downlink: values per block; 0 = as outer.topk. The

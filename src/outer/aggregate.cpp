@@ -32,14 +32,15 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, double bound,
   return {NormAction::kAccept, fmt::format("norm {:.4g}, median of its peers' {:.4g}", norm, median)};
 }
 
-Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound)
-    : layout_(layout), norm_bound_(norm_bound) {}
+Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound, bool keep_frames)
+    : layout_(layout), norm_bound_(norm_bound), keep_frames_(keep_frames) {}
 
 void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
                        const common::FlatLayout* part, size_t part_index, bool reference) {
   allowance_ = allowance;
   if (!accepted_.empty() && reference_) history_[part_index_] = accepted_;
   accepted_.clear();
+  kept_.clear();
   part_ = part;
   part_index_ = part_index;
   reference_ = reference;
@@ -147,6 +148,7 @@ std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
   if (ref_tokens_ == 0) ref_tokens_ = e.tokens;
   weight_sum_ += w;
   ++added_;
+  if (keep_frames_) kept_.push_back({e.peer, w, frame});
   return {};
 }
 

@@ -46,8 +46,10 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, double bound,
 
 class Aggregator {
  public:
-  // `norm_bound`: outer.norm_bound (0: norms are not judged).
-  explicit Aggregator(const common::FlatLayout& layout, double norm_bound = 0);
+  // `norm_bound`: outer.norm_bound (0: norms are not judged). `keep_frames`: keep each
+  // accepted frame with its weight until the next round (outer.codec_down "relay" sends them).
+  explicit Aggregator(const common::FlatLayout& layout, double norm_bound = 0,
+                      bool keep_frames = false);
 
   // A contribution that is not in Δ (and Δ is as it was before it): its frame failed to decode
   // (corrupt payload, non-finite values: kBadFrame), or its norm is an outlier (kOutlier).
@@ -80,6 +82,14 @@ class Aggregator {
   // Norms of the contributions accepted into Δ, in adding order (this round's, until begin()).
   const std::vector<double>& accepted_norms() const { return accepted_; }
   size_t held_bytes() const;               // compressed frames waiting for their turn
+  // With keep_frames: this round's accepted contributions, in adding order, and Σ wᵢ.
+  struct Kept {
+    std::string peer;
+    double weight = 1;
+    net::Frame frame;
+  };
+  const std::vector<Kept>& kept() const { return kept_; }
+  double weight_sum() const { return weight_sum_; }
   // Δ after finish(); defined once anything was added. With a fragment only its tensors hold Δ.
   torch::Tensor& delta() { return delta_; }
 
@@ -98,6 +108,8 @@ class Aggregator {
 
   const common::FlatLayout& layout_;
   const double norm_bound_;
+  const bool keep_frames_;
+  std::vector<Kept> kept_;
   std::vector<double> accepted_;  // this round's accepted norms
   // Per fragment: the accepted norms of its last round that accepted any.
   std::map<size_t, std::vector<double>> history_;

@@ -27,7 +27,8 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       data_(inner::make_dataset(config, {0, 1})),
       evaluator_(std::make_unique<inner::InnerTrainer>(config, inner::make_model(config), solo_,
                                                        torch::Device(torch::kCPU))),
-      aggregator_(evaluator_->layout(), config.outer.norm_bound),
+      aggregator_(evaluator_->layout(), config.outer.norm_bound,
+                  config.outer.codec_down == common::CodecKind::kRelay),
       down_enc_(downlink_codec(config.outer)),
       state_enc_(full_state_codec()) {
   opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel, layout().buffers_offset);
@@ -42,12 +43,37 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
 
 std::int64_t GlobalModel::max_update_bytes() const {
   std::uint64_t payload = 0;
-  const auto codec = downlink_codec(config_.outer);
+  const bool relay = relaying();
+  // relay: up to every provider's uplink frame (relay.h), each no larger than its payload.
+  const auto codec = relay ? uplink_codec(config_.outer) : downlink_codec(config_.outer);
   for (const auto& s : layout().slots) {
     payload += compress::tensor_payload_bytes(codec.codec, static_cast<std::uint64_t>(s.numel),
                                               codec.block_size, codec.topk, codec.topk_bits);
   }
-  return static_cast<std::int64_t>(payload) + (std::int64_t{1} << 20);
+  const auto frames = relay ? static_cast<std::uint64_t>(config_.outer.providers) : 1;
+  return static_cast<std::int64_t>(frames * payload) + (std::int64_t{1} << 20);
+}
+
+bool GlobalModel::relaying() const {
+  return config_.outer.codec_down == common::CodecKind::kRelay;
+}
+
+net::Frame GlobalModel::update_for(const std::string& peer, const net::Frame& update) const {
+  if (!relaying()) return update;
+  for (const auto& p : relay_.parts) {
+    if (p.peer == peer) return net::Frame(write_relay(relay_, peer));
+  }
+  return update;  // it did not contribute: every frame
+}
+
+void GlobalModel::apply_to_pub(const net::Frame& update, const Fragment& part) {
+  if (relaying()) {
+    // θ_true took the same relay already (close_round); θ_pub was θ_true before it, so the
+    // same arithmetic on the same values gives θ_true's values: copy them.
+    theta_pub().narrow(0, part.begin, part.numel()).copy_(theta_true_.narrow(0, part.begin, part.numel()));
+    return;
+  }
+  apply_update(dec_, update.data(), update.size(), config_.outer, theta_pub(), part.layout);
 }
 
 void GlobalModel::rehash() {
@@ -107,8 +133,7 @@ std::optional<GlobalModel::Evaluation> GlobalModel::end_evaluation(bool wait, bo
   if (eval_error_) std::rethrow_exception(std::exchange(eval_error_, nullptr));
   Evaluation e{pub_round_, std::exchange(eval_result_, std::nullopt)};
   if (!pending_.empty()) {
-    apply_update(dec_, pending_.data(), pending_.size(), config_.outer, theta_pub(),
-                 fragment(pub_round_ + 1).layout);
+    apply_to_pub(pending_, fragment(pub_round_ + 1));
     last_update_ = std::exchange(pending_, {});
     state_owner_.reset();
     ++pub_round_;
@@ -132,8 +157,23 @@ GlobalModel::Closed GlobalModel::close_round() {
   out.rejected = aggregator_.finish();
   torch::Tensor& delta = aggregator_.delta();
   const Fragment& part = fragment(pub_round_ + 1);  // the round closing
-  opt_->set_lr(outer_lr(config_.outer, pub_round_ + 1, common::total_rounds(config_)));
-  if (aggregator_.added() > 0) {
+  const double lr = outer_lr(config_.outer, pub_round_ + 1, common::total_rounds(config_));
+  opt_->set_lr(lr);
+  if (relaying()) {
+    // The update is the accepted frames themselves (relay.h): θ_true takes them as every
+    // provider will; no downlink residual, so θ_pub becomes θ_true exactly.
+    relay_ = RelayBundle{static_cast<float>(lr), aggregator_.weight_sum(), {}};
+    for (const auto& k : aggregator_.kept()) relay_.parts.push_back({k.peer, k.weight, k.frame, false});
+    // Δ is not needed here: its memory is the relay's sum.
+    if (const auto at = apply_relay(dec_, relay_, theta_true_, part.layout, delta, relay_scratch_)) {
+      const auto& slot = layout().slot_at(*at);
+      out.discarded = fmt::format(
+          "the relayed step would make {}[{}] non-finite (θ {}): round discarded, θ kept",
+          slot.name, *at - slot.offset, theta_true_[*at].item<float>());
+      relay_.parts.clear();
+    }
+    out.update = net::Frame(write_relay(relay_));
+  } else if (aggregator_.added() > 0) {
     if (const auto at = opt_->non_finite_at(theta_true_, delta, part.begin, part.end)) {
       const auto& slot = layout().slot_at(*at);
       out.discarded = fmt::format(
@@ -147,23 +187,25 @@ GlobalModel::Closed GlobalModel::close_round() {
 
   // The update carries the round's fragment alone; the other fragments' downlink residuals
   // (θ_true − θ_pub there) wait for their own rounds.
-  std::vector<uint8_t> frame;
-  if (config_.outer.codec_down == common::CodecKind::kFp32) {
-    compress::encode(down_enc_, part.layout, theta_true_, frame);
-  } else {
-    if (!delta.defined()) delta = torch::empty_like(theta_true_);
-    auto d = delta.narrow(0, part.begin, part.numel());  // Δ is spent: reuse its memory
-    torch::sub_out(d, theta_true_.narrow(0, part.begin, part.numel()),
-                   theta_pub().narrow(0, part.begin, part.numel()));
-    compress::encode(down_enc_, part.layout, delta, frame);
+  if (!relaying()) {
+    std::vector<uint8_t> frame;
+    if (config_.outer.codec_down == common::CodecKind::kFp32) {
+      compress::encode(down_enc_, part.layout, theta_true_, frame);
+    } else {
+      if (!delta.defined()) delta = torch::empty_like(theta_true_);
+      auto d = delta.narrow(0, part.begin, part.numel());  // Δ is spent: reuse its memory
+      torch::sub_out(d, theta_true_.narrow(0, part.begin, part.numel()),
+                     theta_pub().narrow(0, part.begin, part.numel()));
+      compress::encode(down_enc_, part.layout, delta, frame);
+    }
+    out.update = net::Frame(std::move(frame));
   }
-  out.update = net::Frame(std::move(frame));
   out.deferred = evaluating();
   if (out.deferred) {
     pending_ = out.update;  // θ_pub is being read: the update waits for the evaluation to end
     return out;
   }
-  apply_update(dec_, out.update.data(), out.update.size(), config_.outer, theta_pub(), part.layout);
+  apply_to_pub(out.update, part);
   last_update_ = out.update;  // the previous round's is stale now: never hold two
   state_owner_.reset();       // so is a full state of the old θ_pub
   ++pub_round_;

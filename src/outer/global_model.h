@@ -36,6 +36,7 @@
 #include "outer/documents.h"
 #include "outer/membership.h"
 #include "outer/outer_opt.h"
+#include "outer/relay.h"
 #include "outer/sync.h"
 
 namespace xloco::outer {
@@ -54,8 +55,14 @@ class GlobalModel {
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
   // The largest codec frame of this model: every parameter in fp32 plus header and tables.
   std::int64_t max_frame_bytes() const { return layout().bytes() + (std::int64_t{1} << 20); }
-  // The largest UPDATE frame: the downlink codec's bytes per value, plus header and tables.
+  // The largest UPDATE frame: the downlink codec's bytes per value, plus header and tables
+  // (relay: every provider's uplink frame).
   std::int64_t max_update_bytes() const;
+  // outer.codec_down "relay" (relay.h).
+  bool relaying() const;
+  // What `peer` is sent of round's `update` (close_round): the update itself, or with relay
+  // the bundle without `peer`'s own frame when that is in it.
+  net::Frame update_for(const std::string& peer, const net::Frame& update) const;
 
   // The round whose θ_pub is in memory, and its hash now and before the last update applied
   // (what rejoining providers are judged by).
@@ -77,7 +84,9 @@ class GlobalModel {
 
   Aggregator& aggregator() { return aggregator_; }
   // Closes the round (design §2): Δ from the aggregator, θ_true ← OuterOpt(θ_true, Δ),
-  // u ← Q_down(θ_true − θ_pub), θ_pub ← θ_pub + deq(u). Returns u's frame, which is also kept
+  // u ← Q_down(θ_true − θ_pub), θ_pub ← θ_pub + deq(u). With outer.codec_down "relay", u is
+  // the bundle of the accepted uplink frames (relay.h), θ_true takes it as the providers do,
+  // and θ_pub = θ_true (update_for cuts each provider's copy). Returns u's frame, which is also kept
   // as last_update(), and the contributions that failed to decode at the last moment. A round
   // with nothing in Δ leaves θ_true alone and sends only the downlink residual.
   // While an evaluation runs, θ_pub keeps its value and the update waits (`deferred`); the
@@ -118,6 +127,8 @@ class GlobalModel {
 
  private:
   HeadCheckpointState load_checkpoint(const std::string& dir, const std::string& config_hash);
+  // θ_pub ← θ_pub + the update (its fragment): apply_update, or with relay θ_true's values.
+  void apply_to_pub(const net::Frame& update, const Fragment& part);
 
   common::Config config_;
   inner::Group solo_{inner::DistOptions{}};
@@ -129,6 +140,8 @@ class GlobalModel {
   Aggregator aggregator_;
   compress::Encoder down_enc_, state_enc_;
   compress::Decoder dec_;
+  RelayBundle relay_;        // relay: the last round's accepted frames
+  torch::Tensor relay_scratch_;  // relay: a frame's values when its weight is not 1
   net::Frame last_update_;   // the last update applied to θ_pub
   net::Frame pending_;       // an update waiting for an evaluation to end
   uint64_t pub_round_ = 0;

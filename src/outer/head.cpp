@@ -141,8 +141,10 @@ void Head::Impl::close_round(const std::string& reason) {
   }
   for (auto& [name, m] : members) {
     if (!is_live(m.state)) continue;
-    send(name, net::Update{closed.update}, round.round);
-    ledger.count_down(m, closed.update.size());
+    net::Frame update = model.update_for(name, closed.update);  // relay: without its own frame
+    const size_t bytes = update.size();
+    send(name, net::Update{std::move(update)}, round.round);
+    ledger.count_down(m, bytes);
   }
   in_round = false;
   done_rounds = round.round;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "outer/link.h"
 #include "outer/pace.h"
 #include "outer/sync.h"
+#include "outer/relay.h"
 
 namespace xloco::outer {
 namespace fs = std::filesystem;
@@ -69,7 +71,11 @@ class Leader {
       auto env = link_.next(std::chrono::milliseconds(200));
       if (!env) continue;
       if (auto* u = std::get_if<net::Update>(&env->body)) {
-        take_update(u->payload, env->round, theta_pub);
+        if (const auto problem = take_update(u->payload, env->round, theta_pub)) {
+          // The WELCOME that follows is judged by the hash the HELLO sent: it brings the state.
+          spdlog::warn("provider {}: {}; waiting for the WELCOME", opts_.name, *problem);
+          continue;
+        }
         updated = true;
         continue;
       }
@@ -124,7 +130,10 @@ class Leader {
       switch (v.action) {
         case LeaderAction::kRunRound: return env->round;
         case LeaderAction::kApplyUpdate:
-          take_update(std::get<net::Update>(env->body).payload, env->round, theta_pub);
+          if (const auto problem = take_update(std::get<net::Update>(env->body).payload, env->round, theta_pub)) {
+            resync(theta_pub, *problem);  // the head sends what it lacks
+            break;
+          }
           state_.done_round = env->round;
           break;
         case LeaderAction::kResync: resync(theta_pub, v.reason); break;
@@ -151,6 +160,11 @@ class Leader {
     c.tokens = tokens;
     c.compute_s = compute_s;
     c.payload = net::Frame(std::move(frame));
+    // outer.codec_down "relay" sends each provider the others' frames only: it keeps its own.
+    if (cfg_.outer.codec_down == common::CodecKind::kRelay) {
+      sent_.erase(sent_.begin(), sent_.lower_bound(r > 2 ? r - 2 : 0));
+      sent_[r] = c.payload;
+    }
     link_.post(c, r);
   }
 
@@ -188,10 +202,29 @@ class Leader {
   }
 
   // θ_pub from the head: round r's update applied to it (its fragment's tensors), or a full
-  // state in its place; both counted.
-  void take_update(const net::Frame& u, uint64_t r, torch::Tensor& theta_pub) {
-    apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, fragment(r).layout);
+  // state in its place; both counted. A relayed update (relay.h) names this provider's own
+  // frame instead of carrying it; without that frame (or when the result is not finite, which
+  // the head would not have sent) θ_pub is left as it was and the reason returned.
+  std::optional<std::string> take_update(const net::Frame& u, uint64_t r, torch::Tensor& theta_pub) {
     bytes_down_ += static_cast<double>(u.size());
+    if (!is_relay_bundle(u.data(), u.size())) {
+      apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, fragment(r).layout);
+      return std::nullopt;
+    }
+    RelayBundle b = read_relay(u);
+    for (RelayPart& p : b.parts) {
+      if (!p.own) continue;
+      const auto it = sent_.find(r);
+      if (p.peer != opts_.name || it == sent_.end()) {
+        return fmt::format("round {}'s relayed update leaves out {}'s frame, which this provider "
+                           "does not hold", r, p.peer);
+      }
+      p.frame = it->second;
+    }
+    if (const auto at = apply_relay(dec_, b, theta_pub, fragment(r).layout, relay_acc_, relay_scratch_)) {
+      return fmt::format("round {}'s relayed update makes element {} non-finite", r, *at);
+    }
+    return std::nullopt;
   }
   void take_state(const net::Frame& state, torch::Tensor& theta_pub, const common::FlatLayout& layout) {
     compress::decode(dec_, state.data(), state.size(), layout, theta_pub);
@@ -247,6 +280,8 @@ class Leader {
   Link link_;
   compress::Encoder up_;
   compress::Decoder dec_;
+  std::map<uint64_t, net::Frame> sent_;  // its last contributions by round (relay.h fills them in)
+  torch::Tensor relay_acc_, relay_scratch_;
   std::vector<Fragment> fragments_;  // outer.fragments' groups of this model (set at join)
   LeaderState state_;
   uint64_t tokens_ = 0;

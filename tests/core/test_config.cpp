@@ -73,6 +73,13 @@ TEST_SUITE("config") {
                          doctest::Contains("model.n_head"), ConfigError);
     CHECK_THROWS_WITH_AS(parse_config(json{{"data", {{"dataset", "fmnist"}}}}),
                          doctest::Contains("model.kind = cnn"), ConfigError);
+    // relay is a downlink only, and outer SGD only.
+    CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"codec_up", "relay"}, {"momentum", 0}}}}),
+                         doctest::Contains("relay is a downlink only"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"codec_down", "relay"}, {"momentum", 0.9}}}}),
+                         doctest::Contains("outer.momentum must be 0"), ConfigError);
+    CHECK(parse_config(json{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}}).outer.codec_down ==
+          xloco::common::CodecKind::kRelay);
   }
 
   TEST_CASE("dotted overrides parse numbers and strings") {

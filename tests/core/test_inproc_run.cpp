@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "net/inproc/transport.h"
 #include "common/checkpoint.h"
 #include "common/layout.h"
+#include "common/safetensors.h"
 #include "compress/decoder.h"
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
@@ -245,11 +247,42 @@ net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& value
 
 // The head stops after round 4 as if killed (its providers cut: no BYE gets out) and restarts
 // from its checkpoint; the providers rejoin and the run ends with θ_pub agreeing everywhere.
-void head_restart(common::Overlap overlap, int fragments = 1) {
-  ThreadedRun run(std::string("thr-restart-") + common::to_string(overlap) + "-f" + std::to_string(fragments), 3);
+// outer.codec_down = relay (outer/relay.h) on a topk uplink, outer SGD.
+void use_relay(common::Config& c) {
+  c.outer.codec_up = common::CodecKind::kTopk;
+  c.outer.codec_down = common::CodecKind::kRelay;
+  c.outer.block_size = 256;
+  c.outer.topk = 16;
+  c.outer.momentum = 0;
+  c.outer.lr = 2;
+}
+
+// The newest head checkpoint's θ_true (model.safetensors, its parameters in layout order) is
+// its θ_pub (outer.safetensors) byte for byte.
+bool checkpoint_true_is_pub(const fs::path& run_dir) {
+  fs::path newest;
+  for (const auto& e : fs::directory_iterator(run_dir / "ckpt")) {
+    if (e.path().filename().string().rfind("round-", 0) == 0 && e.path() > newest) newest = e.path();
+  }
+  const auto outer_file = common::read_safetensors((newest / "outer.safetensors").string());
+  const auto* pub = outer_file.find("theta_pub");
+  REQUIRE(pub != nullptr);
+  const auto model = common::read_safetensors((newest / "model.safetensors").string());
+  std::vector<uint8_t> theta_true;
+  for (const auto& t : model.tensors) {
+    if (theta_true.size() >= pub->size()) break;
+    theta_true.insert(theta_true.end(), t.bytes(), t.bytes() + t.size());
+  }
+  return theta_true.size() == pub->size() &&
+         std::equal(theta_true.begin(), theta_true.end(), pub->bytes());
+}
+
+void head_restart(common::Overlap overlap, int fragments = 1, bool relay = false) {
+  ThreadedRun run(std::string("thr-restart-") + common::to_string(overlap) + "-f" + std::to_string(fragments) + (relay ? "-relay" : ""), 3);
   run.cfg.outer.head_timeout_s = 30;
   run.cfg.outer.overlap = overlap;
   run.cfg.outer.fragments = fragments;
+  if (relay) use_relay(run.cfg);
   auto head = run.head();
   outer::Head* first = head.get();
   run.on_round = [&](const outer::RoundRecord& r) {
@@ -278,6 +311,7 @@ void head_restart(common::Overlap overlap, int fragments = 1) {
   for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
   const auto records = outer::read_round_records((run.run_dir() / "metrics/head.jsonl").string());
   for (size_t i = 1; i < records.size(); ++i) CHECK(records[i].round == records[i - 1].round + 1);
+  if (relay) CHECK(checkpoint_true_is_pub(run.run_dir()));
 }
 
 }  // namespace
@@ -338,6 +372,38 @@ TEST_SUITE("inproc_run") {
     for (const std::string p : {"p0", "p1", "p2"}) {
       CHECK_MESSAGE(run.provider_hash(p) == head->summary().theta_pub_hash, p);
     }
+  }
+
+  TEST_CASE("outer.codec_down = relay: each provider is sent the others' frames only and applies them itself; theta_pub agrees everywhere and is the head's theta_true") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    ThreadedRun run("thr-relay", 3);
+    use_relay(run.cfg);
+    auto head = run.head();
+    for (int i = 0; i < 3; ++i) run.provider("p" + std::to_string(i), i);
+    CHECK(run.run_head(*head) == 0);
+    run.join();
+    CHECK(run.provider_errors.empty());
+    REQUIRE(run.verdicts.rounds.size() == 6);
+    for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
+    CHECK(checkpoint_true_is_pub(run.run_dir()));
+    // The round's bundle holds the three frames; each provider is sent it without its own:
+    // 3 × bundle − Σ frames, to the byte (rounds after the first: nothing else went down).
+    const auto& rounds = run.verdicts.rounds;
+    for (size_t i = 1; i < rounds.size(); ++i) {
+      CAPTURE(rounds[i].round);
+      REQUIRE(rounds[i].participants == 3);
+      const double up = rounds[i].bytes_up - rounds[i - 1].bytes_up;
+      const double down = rounds[i].bytes_down - rounds[i - 1].bytes_down;
+      CHECK(up > 0);
+      CHECK(down == 3.0 * static_cast<double>(rounds[i].update_bytes) - up);
+    }
+  }
+
+  TEST_CASE("outer.codec_down = relay: the head restarted from its checkpoint; providers rejoin, and theta_pub agrees everywhere") {
+    head_restart(common::Overlap::kNone, 1, /*relay=*/true);
   }
 
   TEST_CASE("a provider cut in round 3 is declared dead; the rounds after close with the others") {

@@ -29,6 +29,9 @@
 #include "outer/outer_opt.h"
 #include "outer/aggregate.h"
 #include "outer/pace.h"
+#include "outer/relay.h"
+#include "compress/error.h"
+#include <cstring>
 #include "inner/data.h"
 #include "inner/dist.h"
 #include "inner/model.h"
@@ -837,6 +840,151 @@ TEST_SUITE("outer") {
           (dir.path / name / "ckpt/round-000004/state.json").string());
       for (int i = 0; i < 3; ++i) CHECK(st.members.at("provider-" + std::to_string(i)).shard == i);
     }
+  }
+
+  TEST_CASE("relay: a bundle is written and read back, without the receiver's own frame; hostile bundles are refused by name") {
+    common::FlatLayout layout;
+    layout.append("a", {300});
+    layout.append("b", {17});
+    compress::CodecConfig cc;
+    cc.codec = compress::Codec::kTopk;
+    cc.block_size = 256;
+    cc.topk = 8;
+    cc.error_feedback = false;
+    const auto frame_of = [&](uint64_t seed) {
+      torch::manual_seed(seed);
+      const auto v = torch::randn({layout.numel});
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> out;
+      compress::encode(enc, layout, v, out);
+      return net::Frame(std::move(out));
+    };
+    outer::RelayBundle b{0.5f, 3.0, {{"p0", 1.0, frame_of(1), false}, {"p1", 2.0, frame_of(2), false}}};
+    const net::Frame all(outer::write_relay(b));
+    CHECK(outer::is_relay_bundle(all.data(), all.size()));
+    const auto back = outer::read_relay(all);
+    CHECK(back.lr == 0.5f);
+    CHECK(back.weight_sum == 3.0);
+    REQUIRE(back.parts.size() == 2);
+    for (size_t i = 0; i < 2; ++i) {
+      CHECK(back.parts[i].peer == b.parts[i].peer);
+      CHECK(back.parts[i].weight == b.parts[i].weight);
+      CHECK(back.parts[i].frame == b.parts[i].frame);
+      CHECK_FALSE(back.parts[i].own);
+    }
+    const net::Frame for_p1(outer::write_relay(b, "p1"));
+    CHECK(for_p1.size() == all.size() - b.parts[1].frame.size());
+    const auto mine = outer::read_relay(for_p1);
+    CHECK_FALSE(mine.parts[0].own);
+    CHECK(mine.parts[1].own);
+    CHECK(mine.parts[1].frame.empty());
+    CHECK(outer::write_relay(b, "p9").size() == all.size());  // not in it: every frame
+
+    const auto kind = [](std::vector<uint8_t> bytes) -> std::optional<compress::FrameErrorKind> {
+      try {
+        outer::read_relay(net::Frame(std::move(bytes)));
+      } catch (const compress::FrameError& e) {
+        return e.kind();
+      }
+      return std::nullopt;
+    };
+    const auto good = all.to_vector();
+    REQUIRE(kind(good) == std::nullopt);
+    for (size_t n = 0; n < good.size(); n += 7) {  // cut anywhere: refused
+      CAPTURE(n);
+      CHECK(kind(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n))).has_value());
+    }
+    auto f = good;
+    f[0] = 'Y';
+    CHECK(kind(f) == compress::FrameErrorKind::kBadMagic);
+    f = good;
+    f[4] = 2;  // version
+    CHECK(kind(f) == compress::FrameErrorKind::kBadVersion);
+    f = good;
+    const uint32_t many = outer::kMaxRelayParts + 1;
+    std::memcpy(f.data() + 8, &many, 4);
+    CHECK(kind(f) == compress::FrameErrorKind::kOverLimit);
+    f = good;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(f.data() + 12, &nan, 4);  // the outer rate
+    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    f = good;
+    const double zero = 0;
+    std::memcpy(f.data() + 24 + 2 + 2, &zero, 8);  // p0's weight (after name_len and "p0")
+    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    f = good;
+    f[24 + 2 + 2 + 8] = 1;  // p0 flagged as left out, yet its frame follows
+    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    f = good;
+    f.push_back(0);
+    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+  }
+
+  TEST_CASE("relay: theta - lr * sum(w * deq(frame)) / sum(w), identical bits on every replica; a non-finite step leaves theta as it was") {
+    common::FlatLayout layout;
+    layout.append("a", {300});
+    layout.append("b", {17});
+    compress::CodecConfig cc;
+    cc.codec = compress::Codec::kTopk;
+    cc.block_size = 256;
+    cc.topk = 16;
+    cc.error_feedback = false;
+    compress::Decoder dec;
+    std::vector<net::Frame> frames;
+    std::vector<torch::Tensor> values;  // what each frame decodes to
+    for (uint64_t seed : {5, 6, 7}) {
+      torch::manual_seed(seed);
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> out;
+      compress::encode(enc, layout, torch::randn({layout.numel}), out);
+      frames.emplace_back(std::move(out));
+      auto v = torch::zeros({layout.numel});
+      compress::decode(dec, frames.back().data(), frames.back().size(), layout, v);
+      values.push_back(v);
+    }
+    const outer::RelayBundle b{0.75f, 4.0, {{"p0", 1.0, frames[0], false},
+                                           {"p1", 2.0, frames[1], false},
+                                           {"p2", 1.0, frames[2], false}}};
+    torch::manual_seed(9);
+    const auto theta0 = torch::randn({layout.numel});
+    auto theta = theta0.clone();
+    torch::Tensor acc, scratch;
+    CHECK_FALSE(outer::apply_relay(dec, b, theta, layout, acc, scratch).has_value());
+    const float* t0 = theta0.data_ptr<float>();
+    const float *v0 = values[0].data_ptr<float>(), *v1 = values[1].data_ptr<float>(),
+                *v2 = values[2].data_ptr<float>();
+    int64_t moved = 0;
+    for (int64_t i = 0; i < layout.numel; ++i) {
+      float a = 0.0f;
+      a = a + v0[i];
+      a = a + 2.0f * v1[i];
+      a = a + v2[i];
+      const float d = a / 4.0f;
+      const float p = 0.75f * d;  // one rounding, then the subtraction's
+      const float want = t0[i] - p;
+      if (theta[i].item<float>() != want) FAIL_CHECK("element " << i << ": " << theta[i].item<float>() << " != " << want);
+      moved += want != t0[i];
+    }
+    CHECK(moved > 0);
+    // Another replica: the same bits.
+    auto other = theta0.clone();
+    torch::Tensor acc2, scratch2;
+    CHECK_FALSE(outer::apply_relay(dec, b, other, layout, acc2, scratch2).has_value());
+    CHECK(torch::equal(other, theta));
+    // A part left out and not filled in is refused before θ is touched.
+    auto left_out = b;
+    left_out.parts[1].frame = {};
+    left_out.parts[1].own = true;
+    auto untouched = theta0.clone();
+    CHECK_THROWS_AS(outer::apply_relay(dec, left_out, untouched, layout, acc, scratch), compress::FrameError);
+    CHECK(torch::equal(untouched, theta0));
+    // A rate that overflows: refused, θ as it was.
+    auto huge = b;
+    huge.lr = 3e38f;
+    huge.weight_sum = 1e-30;
+    auto kept = theta0.clone();
+    CHECK(outer::apply_relay(dec, huge, kept, layout, acc, scratch).has_value());
+    CHECK(torch::equal(kept, theta0));
   }
 }
 

@@ -161,7 +161,7 @@ void run_link(benchmark::State& state, bool curve) {
 
   const Message message{Frame(std::string_view("header")), Frame(payload())};
   const auto send = [&] {
-    if (provider.send(kHeadPeer, message, {60s}) != SendStatus::kSent) {
+    if (provider.send(kHeadPeer, message) != SendStatus::kSent) {
       throw std::runtime_error("send failed");
     }
   };

@@ -1,0 +1,163 @@
+#include "outer/relay.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "compress/error.h"
+#include "compress/torch_adapter.h"
+
+// Compiled with -ffp-contract=off (CMakeLists.txt): each multiply and subtract below rounds
+// once, the same on every machine, so that replicas stay bit-identical.
+
+namespace xloco::outer {
+namespace {
+
+template <typename T>
+void put(std::vector<uint8_t>& out, T v) {
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(const net::Frame& f) : f_(f) {}
+  template <typename T>
+  T get(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, f_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  void need(uint64_t n, const char* what) const {
+    XLOCO_FRAME_ENFORCE(n <= f_.size() - pos_, kTruncated,
+                        "relay bundle of {} bytes ends at offset {} inside {} ({} bytes needed)",
+                        f_.size(), pos_, what, n);
+  }
+  size_t pos() const { return pos_; }
+  void skip(uint64_t n) { pos_ += n; }
+  const net::Frame& frame() const { return f_; }
+
+ private:
+  const net::Frame& f_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+bool is_relay_bundle(const uint8_t* data, size_t size) {
+  return size >= sizeof(kRelayMagic) && std::memcmp(data, kRelayMagic, sizeof(kRelayMagic)) == 0;
+}
+
+std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiver) {
+  std::vector<uint8_t> out(kRelayMagic, kRelayMagic + sizeof(kRelayMagic));
+  put<uint16_t>(out, kRelayVersion);
+  put<uint16_t>(out, 0);
+  put<uint32_t>(out, static_cast<uint32_t>(b.parts.size()));
+  put<float>(out, b.lr);
+  put<double>(out, b.weight_sum);
+  for (const RelayPart& p : b.parts) {
+    const bool own = p.own || (!receiver.empty() && p.peer == receiver);
+    put<uint16_t>(out, static_cast<uint16_t>(p.peer.size()));
+    out.insert(out.end(), p.peer.begin(), p.peer.end());
+    put<double>(out, p.weight);
+    put<uint8_t>(out, own ? 1 : 0);
+    const uint64_t bytes = own ? 0 : p.frame.size();
+    put<uint64_t>(out, bytes);
+    if (!own) out.insert(out.end(), p.frame.data(), p.frame.data() + bytes);
+  }
+  return out;
+}
+
+RelayBundle read_relay(const net::Frame& bundle) {
+  Reader r(bundle);
+  r.need(sizeof(kRelayMagic), "the magic");
+  XLOCO_FRAME_ENFORCE(is_relay_bundle(bundle.data(), bundle.size()), kBadMagic,
+                      "not a relay bundle (magic)");
+  r.skip(sizeof(kRelayMagic));
+  const auto version = r.get<uint16_t>("the version");
+  XLOCO_FRAME_ENFORCE(version == kRelayVersion, kBadVersion,
+                      "relay bundle version {}, this build reads version {}", version,
+                      kRelayVersion);
+  r.get<uint16_t>("the reserved field");
+  const auto count = r.get<uint32_t>("the part count");
+  XLOCO_FRAME_ENFORCE(count <= kMaxRelayParts, kOverLimit, "relay bundle of {} parts, limit {}",
+                      count, kMaxRelayParts);
+  RelayBundle b;
+  b.lr = r.get<float>("the outer rate");
+  b.weight_sum = r.get<double>("the weight sum");
+  XLOCO_FRAME_ENFORCE(std::isfinite(b.lr) && b.lr >= 0, kCorrupt,
+                      "relay bundle: outer rate {} is not a finite rate", b.lr);
+  XLOCO_FRAME_ENFORCE(std::isfinite(b.weight_sum) && (count == 0 || b.weight_sum > 0), kCorrupt,
+                      "relay bundle: weight sum {} for {} parts", b.weight_sum, count);
+  b.parts.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    RelayPart p;
+    const auto name_len = r.get<uint16_t>("a part's name length");
+    XLOCO_FRAME_ENFORCE(name_len <= kMaxRelayName, kOverLimit,
+                        "relay part #{}: name of {} bytes, limit {}", i, name_len, kMaxRelayName);
+    r.need(name_len, "a part's name");
+    p.peer.assign(reinterpret_cast<const char*>(bundle.data() + r.pos()), name_len);
+    r.skip(name_len);
+    p.weight = r.get<double>("a part's weight");
+    XLOCO_FRAME_ENFORCE(std::isfinite(p.weight) && p.weight > 0, kCorrupt,
+                        "relay part #{} ('{}'): weight {}", i, p.peer, p.weight);
+    const auto flags = r.get<uint8_t>("a part's flags");
+    XLOCO_FRAME_ENFORCE((flags & ~1u) == 0, kCorrupt, "relay part #{} ('{}'): unknown flags {:#x}",
+                        i, p.peer, flags);
+    p.own = (flags & 1u) != 0;
+    const auto bytes = r.get<uint64_t>("a part's frame size");
+    XLOCO_FRAME_ENFORCE(!p.own || bytes == 0, kCorrupt,
+                        "relay part #{} ('{}') is left out but carries {} bytes", i, p.peer, bytes);
+    r.need(bytes, "a part's frame");
+    if (bytes > 0) p.frame = net::Frame(bundle.owner(), bundle.data() + r.pos(), bytes);
+    r.skip(bytes);
+    b.parts.push_back(std::move(p));
+  }
+  XLOCO_FRAME_ENFORCE(r.pos() == bundle.size(), kCorrupt, "{} bytes after the relay bundle's end",
+                      bundle.size() - r.pos());
+  return b;
+}
+
+std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
+                                   torch::Tensor& theta, const common::FlatLayout& part,
+                                   torch::Tensor& acc, torch::Tensor& scratch) {
+  if (b.parts.empty()) return std::nullopt;
+  if (!acc.defined() || acc.numel() != theta.numel()) acc = torch::empty_like(theta);
+  float* a = acc.data_ptr<float>();
+  for (const auto& s : part.slots) std::fill(a + s.offset, a + s.offset + s.numel, 0.0f);
+  for (const RelayPart& p : b.parts) {
+    XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
+                        "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
+    if (p.weight == 1.0) {
+      compress::decode_add(decoder, p.frame.data(), p.frame.size(), part, acc);
+      continue;
+    }
+    if (!scratch.defined() || scratch.numel() != theta.numel()) scratch = torch::empty_like(theta);
+    compress::decode(decoder, p.frame.data(), p.frame.size(), part, scratch);
+    const float* x = scratch.data_ptr<float>();
+    const auto w = static_cast<float>(p.weight);
+    for (const auto& s : part.slots) {
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) a[i] = a[i] + w * x[i];
+    }
+  }
+  // The new θ into acc first: θ stays as it was unless every value is finite.
+  const float* t = theta.data_ptr<float>();
+  const auto sum = static_cast<float>(b.weight_sum);
+  const float lr = b.lr;
+  const int64_t trained = part.trained_numel();
+  for (const auto& s : part.slots) {
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+      const float d = a[i] / sum;
+      // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
+      a[i] = i < trained ? t[i] - lr * d : t[i] - d;
+      if (!std::isfinite(a[i])) return i;
+    }
+  }
+  float* out = theta.data_ptr<float>();
+  for (const auto& s : part.slots) std::copy(a + s.offset, a + s.offset + s.numel, out + s.offset);
+  return std::nullopt;
+}
+
+}  // namespace xloco::outer

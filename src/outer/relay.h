@@ -1,0 +1,67 @@
+// outer.codec_down = "relay" (SparseLoCo's all-gather): the head's update is not a requantized
+// θ_true − θ_pub but the round's accepted uplink frames themselves, with their weights and the
+// outer rate. Every replica (the head's θ_true and θ_pub, each provider's θ_pub) applies them
+// with the same code in the same order, so the update is exact: θ_pub = θ_true, with no
+// downlink residual, and bit-identical everywhere. A provider is sent the frames of the others
+// only; its own it kept when it sent it, so each provider receives K − 1 uplink frames a round.
+// Outer SGD only (outer.momentum 0): a momentum would have to live on every replica.
+//
+// Bundle (all integers little-endian; one binary frame of an UPDATE message):
+//   "XLRB"  u16 version (1)  u16 reserved (0)  u32 parts  f32 lr  f64 weight_sum
+//   per part, in the head's aggregation order: u16 name_len, name bytes (the provider),
+//     f64 weight, u8 flags (bit 0: the frame is left out: it is the receiver's own),
+//     u64 frame_bytes, the codec frame (compress/frame.h; none when left out)
+// θ ← θ − lr · (Σ wₖ·deq(frameₖ)) / weight_sum, elementwise in float, in part order.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "common/layout.h"
+#include "compress/decoder.h"
+#include "net/frame.h"
+
+namespace xloco::outer {
+
+inline constexpr char kRelayMagic[4] = {'X', 'L', 'R', 'B'};
+inline constexpr uint16_t kRelayVersion = 1;
+inline constexpr uint32_t kMaxRelayParts = 4096;  // more providers than any run has
+inline constexpr uint32_t kMaxRelayName = 1024;
+
+struct RelayPart {
+  std::string peer;
+  double weight = 1;
+  net::Frame frame;  // empty when left out (`own`)
+  bool own = false;  // the receiver's own contribution: it fills the frame in
+};
+
+struct RelayBundle {
+  float lr = 0;
+  double weight_sum = 0;
+  std::vector<RelayPart> parts;
+};
+
+bool is_relay_bundle(const uint8_t* data, size_t size);
+
+// The bundle as sent to `receiver`: its own part (if any) flagged and left out; "" leaves
+// nothing out (a joiner, or the head's own record).
+std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiver = "");
+
+// Parses a bundle from another machine: every count and size checked before it is used, the
+// frames returned as views into `bundle` (they keep its owner alive). Throws
+// compress::FrameError (kCorrupt / kTruncated / kOverLimit) naming what is wrong.
+RelayBundle read_relay(const net::Frame& bundle);
+
+// θ ← θ − lr · Σ wₖ·deq(frameₖ) / weight_sum over `part`'s tensors (the round's fragment),
+// with `acc` as scratch (resized to θ's numel on first use). Every frame is decoded and checked
+// before θ is touched; a result that is not finite leaves θ as it was and returns where
+// (flat index). Parts flagged `own` must have had their frame filled in.
+std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
+                                   torch::Tensor& theta, const common::FlatLayout& part,
+                                   torch::Tensor& acc, torch::Tensor& scratch);
+
+}  // namespace xloco::outer
