@@ -147,6 +147,15 @@ struct ThreadedRun {
     return std::make_unique<outer::Head>(cfg, o, network->listen());
   }
 
+  // p0 … p(k − 1) from the start; runs the head to its end and joins every provider. The
+  // head's exit code.
+  int run_all(outer::Head& head, int k) {
+    for (int i = 0; i < k; ++i) provider("p" + std::to_string(i), i);
+    const int rc = run_head(head);
+    join();
+    return rc;
+  }
+
   // p0 and p1 from the start, p2 once round `after` is recorded (set outer.min_providers to 2
   // before head()); runs the head to its end and joins every provider. The head's exit code.
   int run_with_joiner(outer::Head& head, uint64_t after) {
@@ -326,9 +335,7 @@ TEST_SUITE("inproc_run") {
     run.network->faults().duplicate_next("p1", 1, net::inproc::Direction::kFromPeer,
                                          net::MessageType::kContribution);
     auto head = run.head();
-    for (int i = 0; i < 3; ++i) run.provider("p" + std::to_string(i), i);
-    CHECK(run.run_head(*head) == 0);
-    run.join();
+    CHECK(run.run_all(*head, 3) == 0);
     CHECK(run.provider_errors.empty());
     REQUIRE(run.verdicts.rounds.size() == 6);
     for (const auto& r : run.verdicts.rounds) {
@@ -382,9 +389,7 @@ TEST_SUITE("inproc_run") {
     ThreadedRun run("thr-relay", 3);
     use_relay(run.cfg);
     auto head = run.head();
-    for (int i = 0; i < 3; ++i) run.provider("p" + std::to_string(i), i);
-    CHECK(run.run_head(*head) == 0);
-    run.join();
+    CHECK(run.run_all(*head, 3) == 0);
     CHECK(run.provider_errors.empty());
     REQUIRE(run.verdicts.rounds.size() == 6);
     for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);

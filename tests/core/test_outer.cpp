@@ -280,6 +280,32 @@ net::Frame constant_fp32_frame(outer::GlobalModel& model, float value) {
 
 }  // namespace
 
+namespace {
+
+// The relay tests' model: two tensors, one with a short last block.
+common::FlatLayout relay_layout() {
+  common::FlatLayout layout;
+  layout.append("a", {300});
+  layout.append("b", {17});
+  return layout;
+}
+
+// A topk frame (k of every 256, no feedback) of random values drawn from `seed`.
+net::Frame relay_frame(const common::FlatLayout& layout, uint32_t topk, uint64_t seed) {
+  compress::CodecConfig cc;
+  cc.codec = compress::Codec::kTopk;
+  cc.block_size = 256;
+  cc.topk = topk;
+  cc.error_feedback = false;
+  torch::manual_seed(seed);
+  compress::Encoder enc(cc);
+  std::vector<uint8_t> out;
+  compress::encode(enc, layout, torch::randn({layout.numel}), out);
+  return net::Frame(std::move(out));
+}
+
+}  // namespace
+
 TEST_SUITE("outer") {
   TEST_CASE("decide: closes when all active contributed, at the deadline with min_providers") {
     common::OuterConfig c;
@@ -843,22 +869,8 @@ TEST_SUITE("outer") {
   }
 
   TEST_CASE("relay: a bundle is written and read back, without the receiver's own frame; hostile bundles are refused by name") {
-    common::FlatLayout layout;
-    layout.append("a", {300});
-    layout.append("b", {17});
-    compress::CodecConfig cc;
-    cc.codec = compress::Codec::kTopk;
-    cc.block_size = 256;
-    cc.topk = 8;
-    cc.error_feedback = false;
-    const auto frame_of = [&](uint64_t seed) {
-      torch::manual_seed(seed);
-      const auto v = torch::randn({layout.numel});
-      compress::Encoder enc(cc);
-      std::vector<uint8_t> out;
-      compress::encode(enc, layout, v, out);
-      return net::Frame(std::move(out));
-    };
+    const common::FlatLayout layout = relay_layout();
+    const auto frame_of = [&](uint64_t seed) { return relay_frame(layout, 8, seed); };
     outer::RelayBundle b{0.5f, 3.0, {{"p0", 1.0, frame_of(1), false}, {"p1", 2.0, frame_of(2), false}}};
     const net::Frame all(outer::write_relay(b));
     CHECK(outer::is_relay_bundle(all.data(), all.size()));
@@ -921,23 +933,12 @@ TEST_SUITE("outer") {
   }
 
   TEST_CASE("relay: theta - lr * sum(w * deq(frame)) / sum(w), identical bits on every replica; a non-finite step leaves theta as it was") {
-    common::FlatLayout layout;
-    layout.append("a", {300});
-    layout.append("b", {17});
-    compress::CodecConfig cc;
-    cc.codec = compress::Codec::kTopk;
-    cc.block_size = 256;
-    cc.topk = 16;
-    cc.error_feedback = false;
+    const common::FlatLayout layout = relay_layout();
     compress::Decoder dec;
     std::vector<net::Frame> frames;
     std::vector<torch::Tensor> values;  // what each frame decodes to
     for (uint64_t seed : {5, 6, 7}) {
-      torch::manual_seed(seed);
-      compress::Encoder enc(cc);
-      std::vector<uint8_t> out;
-      compress::encode(enc, layout, torch::randn({layout.numel}), out);
-      frames.emplace_back(std::move(out));
+      frames.push_back(relay_frame(layout, 16, seed));
       auto v = torch::zeros({layout.numel});
       compress::decode(dec, frames.back().data(), frames.back().size(), layout, v);
       values.push_back(v);
