@@ -107,8 +107,8 @@ uint64_t topk_block_bytes(uint32_t len, uint32_t topk, uint32_t topk_bits) {
 
 std::vector<TopkAt> topk_places(const std::vector<uint64_t>& numels, uint32_t block_size,
                                 uint32_t topk, uint32_t topk_bits) {
-  // Totals first: blocks (one scale each), values sent (one gap each), code bytes.
-  const auto code_bytes = [&](uint64_t k) { return (k * topk_bits + 7) / 8; };
+  // Totals first: blocks (one scale each), values sent (one gap each), code bytes (the rest
+  // of the tensor's bytes).
   struct Counts {
     uint64_t blocks = 0, values = 0, codes = 0;
   };
@@ -117,7 +117,10 @@ std::vector<TopkAt> topk_places(const std::vector<uint64_t>& numels, uint32_t bl
   for (size_t i = 0; i < numels.size(); ++i) {
     const uint64_t n = numels[i], full = n / block_size, tail = n % block_size;
     const uint64_t k = std::min<uint64_t>(topk, block_size), kt = std::min<uint64_t>(topk, tail);
-    each[i] = {full + (tail != 0), full * k + kt, full * code_bytes(k) + (tail != 0 ? code_bytes(kt) : 0)};
+    const uint64_t blocks = full + (tail != 0), values = full * k + kt;
+    each[i] = {blocks, values,
+               tensor_payload_bytes(Codec::kTopk, n, block_size, topk, topk_bits) - 4 * blocks -
+                   2 * values};
     total.blocks += each[i].blocks;
     total.values += each[i].values;
     total.codes += each[i].codes;

@@ -88,7 +88,7 @@ void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
   const auto defect = kernels::check(info.codec, bytes, e.numel, info.block_size, info.topk,
                                      info.topk_bits, e.topk_at);
   if (!defect) return;
-  const uint64_t at = (info.codec == Codec::kTopk ? 0 : e.offset) + defect->byte_offset;
+  const uint64_t at = tensor_offset(info, i) + defect->byte_offset;
   const std::string where = info.zstd ? fmt::format("uncompressed payload byte {}", at)
                                       : fmt::format("frame offset {}", info.stored_offset + at);
   XLOCO_FRAME_ENFORCE(
@@ -191,8 +191,12 @@ bool Decoder::streamed(const FrameInfo& info) {
   return info.zstd && info.payload_bytes > kWholePayloadBytes && info.codec != Codec::kTopk;
 }
 
+uint64_t Decoder::tensor_offset(const FrameInfo& info, size_t i) {
+  return info.codec == Codec::kTopk ? 0 : info.tensors[i].offset;
+}
+
 const uint8_t* Decoder::tensor_bytes(const FrameInfo& info, size_t i, const uint8_t* payload) {
-  return info.codec == Codec::kTopk ? payload : payload + info.tensors[i].offset;
+  return payload + tensor_offset(info, i);
 }
 
 void Decoder::reserve_scratch(uint64_t bytes) {

@@ -64,7 +64,9 @@ class Decoder {
   void check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes) const;
   // Whether this frame is decoded a tensor at a time (large zstd payloads, not topk).
   static bool streamed(const FrameInfo& info);
-  // What the kernels get for tensor i: its range, or for topk the whole payload (frame.h).
+  // Where the kernels' bytes for tensor i start in the payload: its range, or for topk the
+  // payload's start (its parts lie in four sections, frame.h); and that pointer.
+  static uint64_t tensor_offset(const FrameInfo& info, size_t i);
   static const uint8_t* tensor_bytes(const FrameInfo& info, size_t i, const uint8_t* payload);
   const uint8_t* check_zstd_frame(const uint8_t* frame, const FrameInfo& info) const;
   void reserve_scratch(uint64_t bytes);

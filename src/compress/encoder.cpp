@@ -79,7 +79,7 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
     XLOCO_FRAME_ENFORCE(in.shape.size() <= limits.max_rank, kOverLimit,
                         "tensor '{}': rank {}, limit {}", in.name, in.shape.size(),
                         limits.max_rank);
-    TensorEntry e{in.name, in.shape, in.numel(), offset, 0};
+    TensorEntry e{in.name, in.shape, in.numel(), offset, 0, {}};
     for (const int64_t d : in.shape) {
       XLOCO_FRAME_ENFORCE(static_cast<uint64_t>(d) <= limits.max_tensor_elements, kOverLimit,
                           "tensor '{}': dimension {}, limit {} elements", in.name, d,
@@ -151,8 +151,8 @@ void Encoder::encode(const std::vector<ConstTensorRef>& inputs, std::vector<uint
       const float decay = config_.residual_decay;
       for (uint64_t j = 0; j < e.numel; ++j) residual[j] = decay * residual[j];
     }
-    uint8_t* base = zstd_ ? scratch_.get() : payload;
-    uint8_t* dst = whole ? base : zstd_ ? base : payload + e.offset;
+    // topk's kernel takes the payload's start and writes where e.topk_at says.
+    uint8_t* dst = zstd_ ? scratch_.get() : payload + (whole ? 0 : e.offset);
     const auto defect = kernels::encode(info.codec, in.data, residual, e.numel, info.block_size, dst,
                                         info.topk, info.topk_bits, e.topk_at);
     if (defect) {

@@ -521,6 +521,20 @@ BlockScale fit_topk_scale(const float* w, const uint16_t* chosen, uint32_t k, fl
   return {scale, 1.0f / scale};
 }
 
+// Where block b of one tensor lies in a topk payload's four sections (frame.h), as byte
+// offsets: every block but the tensor's last is full, so each part is at the tensor's start in
+// its section plus b strides.
+struct TopkStrides {
+  TopkStrides(const TopkAt& at, uint32_t block_size, uint32_t topk, uint32_t bits)
+      : at(at), k(std::min(topk, block_size)), code_bytes((k * bits + 7) / 8) {}
+  uint64_t scale(uint64_t b) const { return at.scales + 4 * b; }
+  uint64_t lo(uint64_t b) const { return at.lo + b * k; }
+  uint64_t hi(uint64_t b) const { return at.hi + b * k; }
+  uint64_t codes(uint64_t b) const { return at.codes + b * code_bytes; }
+  TopkAt at;
+  uint64_t k, code_bytes;  // of a full block
+};
+
 template <uint32_t Bits>
 std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_t n,
                                         uint32_t block_size, uint32_t topk, uint8_t* payload,
@@ -528,9 +542,7 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
   using Code = TopkCode<Bits>;
   const float limit = max_encodable(Codec::kTopk);
   thread_local std::vector<float> scratch;  // w without feedback
-  // The tensor's parts in the payload's four sections (frame.h); every block but the last is full.
-  const uint32_t k_full = std::min(topk, block_size);
-  const uint64_t code_bytes_full = (uint64_t{k_full} * Bits + 7) / 8;
+  const TopkStrides place(at, block_size, topk, Bits);
   for (uint64_t start = 0, b = 0; start < n; start += block_size, ++b) {
     const auto len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - start));
     const uint32_t k = std::min(topk, len);
@@ -549,10 +561,10 @@ std::optional<EncodeDefect> encode_topk(const float* x, float* residual, uint64_
     chosen.resize(k);
     select_topk(w, len, k, chosen.data());
     const BlockScale s = fit_topk_scale<Bits>(w, chosen.data(), k, absmax);
-    reinterpret_cast<WireF32*>(payload + at.scales + 4 * b)->v = s.scale;
-    uint8_t* gap_lo = payload + at.lo + b * k_full;  // position gaps, low bytes, then high bytes
-    uint8_t* gap_hi = payload + at.hi + b * k_full;
-    uint8_t* codes = payload + at.codes + b * code_bytes_full;
+    reinterpret_cast<WireF32*>(payload + place.scale(b))->v = s.scale;
+    uint8_t* gap_lo = payload + place.lo(b);  // position gaps, low bytes, then high bytes
+    uint8_t* gap_hi = payload + place.hi(b);
+    uint8_t* codes = payload + place.codes(b);
     std::fill(codes, codes + (uint64_t{k} * Bits + 7) / 8, uint8_t{0});  // the block's codes
     uint32_t prev = 0;
     for (uint32_t j = 0; j < k; ++j) {
@@ -586,18 +598,17 @@ template <class Block>
 inline void for_each_topk_block(const uint8_t* payload, const TopkAt& at, uint64_t n,
                                 uint32_t block_size, uint32_t topk, uint32_t topk_bits,
                                 Block&& block) {
-  const uint32_t k_full = std::min(topk, block_size);
-  const uint64_t code_bytes_full = (uint64_t{k_full} * topk_bits + 7) / 8;
+  const TopkStrides place(at, block_size, topk, topk_bits);
   TopkBlock t;
   for (uint64_t b = 0; t.start < n; t.start += block_size, ++b) {
     t.len = static_cast<uint32_t>(std::min<uint64_t>(block_size, n - t.start));
     t.k = std::min(topk, t.len);
-    t.scale_at = at.scales + 4 * b;
-    t.lo_at = at.lo + b * k_full;
+    t.scale_at = place.scale(b);
+    t.lo_at = place.lo(b);
     t.scale = reinterpret_cast<const WireF32*>(payload + t.scale_at)->v;
     t.lo = payload + t.lo_at;
-    t.hi = payload + at.hi + b * k_full;
-    t.codes = payload + at.codes + b * code_bytes_full;
+    t.hi = payload + place.hi(b);
+    t.codes = payload + place.codes(b);
     if (!block(t)) return;
   }
 }

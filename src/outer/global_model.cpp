@@ -60,8 +60,9 @@ bool GlobalModel::relaying() const {
 
 net::Frame GlobalModel::update_for(const std::string& peer, const net::Frame& update) const {
   if (!relaying()) return update;
-  for (const auto& p : relay_.parts) {
-    if (p.peer == peer) return net::Frame(write_relay(relay_, peer));
+  const RelayBundle b = read_relay(update);  // views into `update`: no frame is copied
+  for (const auto& p : b.parts) {
+    if (p.peer == peer) return net::Frame(write_relay(b, peer));
   }
   return update;  // it did not contribute: every frame
 }
@@ -162,17 +163,17 @@ GlobalModel::Closed GlobalModel::close_round() {
   if (relaying()) {
     // The update is the accepted frames themselves (relay.h): θ_true takes them as every
     // provider will; no downlink residual, so θ_pub becomes θ_true exactly.
-    relay_ = RelayBundle{static_cast<float>(lr), aggregator_.weight_sum(), {}};
-    for (const auto& k : aggregator_.kept()) relay_.parts.push_back({k.peer, k.weight, k.frame, false});
+    RelayBundle relay{static_cast<float>(lr), aggregator_.weight_sum(), {}};
+    for (const auto& k : aggregator_.kept()) relay.parts.push_back({k.peer, k.weight, k.frame, false});
     // Δ is not needed here: its memory is the relay's sum.
-    if (const auto at = apply_relay(dec_, relay_, theta_true_, part.layout, delta, relay_scratch_)) {
+    if (const auto at = apply_relay(dec_, relay, theta_true_, part.layout, delta, relay_scratch_)) {
       const auto& slot = layout().slot_at(*at);
       out.discarded = fmt::format(
           "the relayed step would make {}[{}] non-finite (θ {}): round discarded, θ kept",
           slot.name, *at - slot.offset, theta_true_[*at].item<float>());
-      relay_.parts.clear();
+      relay.parts.clear();
     }
-    out.update = net::Frame(write_relay(relay_));
+    out.update = net::Frame(write_relay(relay));
   } else if (aggregator_.added() > 0) {
     if (const auto at = opt_->non_finite_at(theta_true_, delta, part.begin, part.end)) {
       const auto& slot = layout().slot_at(*at);

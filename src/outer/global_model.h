@@ -140,7 +140,6 @@ class GlobalModel {
   Aggregator aggregator_;
   compress::Encoder down_enc_, state_enc_;
   compress::Decoder dec_;
-  RelayBundle relay_;        // relay: the last round's accepted frames
   torch::Tensor relay_scratch_;  // relay: a frame's values when its weight is not 1
   net::Frame last_update_;   // the last update applied to θ_pub
   net::Frame pending_;       // an update waiting for an evaluation to end

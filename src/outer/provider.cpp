@@ -207,7 +207,7 @@ class Leader {
   // the head would not have sent) θ_pub is left as it was and the reason returned.
   std::optional<std::string> take_update(const net::Frame& u, uint64_t r, torch::Tensor& theta_pub) {
     bytes_down_ += static_cast<double>(u.size());
-    if (!is_relay_bundle(u.data(), u.size())) {
+    if (cfg_.outer.codec_down != common::CodecKind::kRelay) {
       apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, fragment(r).layout);
       return std::nullopt;
     }

@@ -230,7 +230,7 @@ TEST_SUITE("membership") {
     layout.append("w", {4, 3});
     layout.append("b", {3});
     compress::FrameInfo f;
-    f.tensors = {{"w", {4, 3}, 12, 0, 0}, {"b", {3}, 3, 0, 0}};
+    f.tensors = {{"w", {4, 3}, 12, 0, 0, {}}, {"b", {3}, 3, 0, 0, {}}};
     CHECK(!frame_mismatch(f, layout));
     f.tensors[1].shape = {4};
     REQUIRE(frame_mismatch(f, layout));
