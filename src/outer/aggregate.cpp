@@ -81,7 +81,7 @@ std::vector<Aggregator::Rejected> Aggregator::skip(const std::string& peer) {
 
 std::vector<Aggregator::Rejected> Aggregator::finish() {
   auto rejected = drain(true);
-  if (added_ > 0) delta_.div_(weight_sum_);
+  if (added_ > 0 && !keep_frames_) delta_.div_(weight_sum_);
   return rejected;
 }
 
@@ -124,32 +124,40 @@ std::vector<double> Aggregator::reference_for(const Entry& e) const {
 
 // Δ accumulates Σ wᵢ · deq_i, wᵢ = contribution_weight (pace.h): tokens over the first's. With
 // fixed H the providers share H and the batch, so the weights are 1 and each frame is decoded
-// straight into Δ: no model-sized decode buffer. Time-budgeted rounds weigh by work.
+// straight into Δ: no model-sized decode buffer. Time-budgeted rounds weigh by work. With
+// keep_frames the frame is kept instead (the relay applies it; add() decoded and checked it).
 std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
-  const net::Frame frame = std::exchange(e.frame, {});
+  net::Frame frame = std::exchange(e.frame, {});
   const double w = contribution_weight(e.tokens, ref_tokens_, allowance_);
+  if (keep_frames_) {
+    kept_.push_back({e.peer, w, std::move(frame)});
+  } else {
+    try {
+      add_to_delta(frame, w);
+    } catch (const compress::FrameError& ex) {
+      return {{e.peer, ex.what(), net::RefusalCode::kBadFrame}};
+    }
+  }
+  if (ref_tokens_ == 0) ref_tokens_ = e.tokens;
+  weight_sum_ += w;
+  ++added_;
+  return {};
+}
+
+void Aggregator::add_to_delta(const net::Frame& frame, double w) {
   // Allocated at the first contribution, by when its provider has received its WELCOME: the
   // head never holds Δ and a full fp32 state in flight at the same time at start-up.
   if (!delta_.defined()) delta_ = torch::empty({layout_.numel}, torch::kFloat32);
   if (added_ == 0) delta_.zero_();
   const common::FlatLayout& part = part_ != nullptr ? *part_ : layout_;
-  try {
-    if (w == 1.0) {
-      decoder_.decode_add(frame.data(), frame.size(), compress::refs(part, delta_));
-    } else {
-      if (!scratch_.defined()) scratch_ = torch::empty_like(delta_);
-      if (part_ != nullptr) scratch_.zero_();  // the other fragments' elements: not in this frame
-      decoder_.decode(frame.data(), frame.size(), compress::refs(part, scratch_));
-      delta_.add_(scratch_, w);
-    }
-  } catch (const compress::FrameError& ex) {
-    return {{e.peer, ex.what(), net::RefusalCode::kBadFrame}};
+  if (w == 1.0) {
+    decoder_.decode_add(frame.data(), frame.size(), compress::refs(part, delta_));
+  } else {
+    if (!scratch_.defined()) scratch_ = torch::empty_like(delta_);
+    if (part_ != nullptr) scratch_.zero_();  // the other fragments' elements: not in this frame
+    decoder_.decode(frame.data(), frame.size(), compress::refs(part, scratch_));
+    delta_.add_(scratch_, w);
   }
-  if (ref_tokens_ == 0) ref_tokens_ = e.tokens;
-  weight_sum_ += w;
-  ++added_;
-  if (keep_frames_) kept_.push_back({e.peer, w, frame});
-  return {};
 }
 
 }  // namespace xloco::outer

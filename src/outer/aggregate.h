@@ -47,7 +47,11 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, double bound,
 class Aggregator {
  public:
   // `norm_bound`: outer.norm_bound (0: norms are not judged). `keep_frames`: keep each
-  // accepted frame with its weight until the next round (outer.codec_down "relay" sends them).
+  // accepted frame with its weight until the next round (outer.codec_down "relay" sends them)
+  // *instead of* adding it into Δ: the relay applies the frames themselves (relay.h), so Δ is
+  // never computed (delta() is not written: the caller may lend its memory to the relay) and a
+  // frame is decoded once on arrival, for its norm and checks (Decoder::norm checks what
+  // decode does), not a second time into Δ.
   explicit Aggregator(const common::FlatLayout& layout, double norm_bound = 0,
                       bool keep_frames = false);
 
@@ -90,7 +94,8 @@ class Aggregator {
   };
   const std::vector<Kept>& kept() const { return kept_; }
   double weight_sum() const { return weight_sum_; }
-  // Δ after finish(); defined once anything was added. With a fragment only its tensors hold Δ.
+  // Δ after finish(); defined once anything was added (never with keep_frames). With a
+  // fragment only its tensors hold Δ.
   torch::Tensor& delta() { return delta_; }
 
  private:
@@ -104,6 +109,7 @@ class Aggregator {
   };
   std::vector<Rejected> drain(bool final_pass);
   std::vector<Rejected> add_now(Entry& e);
+  void add_to_delta(const net::Frame& frame, double w);  // throws compress::FrameError
   std::vector<double> reference_for(const Entry& e) const;  // its peers' norms
 
   const common::FlatLayout& layout_;

@@ -987,6 +987,38 @@ TEST_SUITE("outer") {
     CHECK(outer::apply_relay(dec, huge, kept, layout, acc, scratch).has_value());
     CHECK(torch::equal(kept, theta0));
   }
+
+  TEST_CASE("relay: the aggregator keeps the accepted frames in adding order with their weights and never decodes them into delta; a frame that fails its checks is refused on arrival") {
+    const common::FlatLayout layout = relay_layout();
+    const auto f0 = relay_frame(layout, 8, 11), f1 = relay_frame(layout, 8, 12),
+               f2 = relay_frame(layout, 8, 13);
+    outer::Aggregator agg(layout, /*norm_bound=*/0, /*keep_frames=*/true);
+    agg.begin({"p0", "p1", "p2"}, /*allowance=*/4000);
+    CHECK(agg.add("p1", f1, 1000).empty());  // waits for p0's turn
+    CHECK(agg.kept().empty());
+    auto cut = f2.to_vector();
+    cut.pop_back();
+    const auto refused = agg.add("p2", net::Frame(std::move(cut)), 4000);
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].peer == "p2");
+    CHECK(refused[0].code == net::RefusalCode::kBadFrame);
+    CHECK(agg.add("p0", f0, 4000).empty());
+    CHECK(agg.finish().empty());
+    REQUIRE(agg.kept().size() == 2);
+    CHECK(agg.kept()[0].peer == "p0");
+    CHECK(agg.kept()[0].weight == 1.0);
+    CHECK(agg.kept()[0].frame == f0);
+    CHECK(agg.kept()[1].peer == "p1");
+    CHECK(agg.kept()[1].weight == 0.25);  // a quarter of the first's tokens
+    CHECK(agg.kept()[1].frame == f1);
+    CHECK(agg.added() == 2);
+    CHECK(agg.weight_sum() == 1.25);
+    CHECK_FALSE(agg.delta().defined());  // the relay applies the frames: Δ never computed
+    // The next round starts with nothing kept.
+    agg.begin({"p0"}, 4000);
+    CHECK(agg.kept().empty());
+    CHECK(agg.weight_sum() == 0);
+  }
 }
 
 using test::find_process;
