@@ -32,6 +32,7 @@ template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4
 template <> constexpr std::array kNames<Kernels>{"fused", "aten"};
 template <> constexpr std::array kNames<Overlap>{"none", "delayed"};
 template <> constexpr std::array kNames<Fold>{"step", "arrival"};
+template <> constexpr std::array kNames<RelayMean>{"all", "present"};
 
 template <class E>
 const char* name_of(E e) {
@@ -84,6 +85,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.nesterov", c.outer.nesterov, Flag{});
   v("outer.codec_up", c.outer.codec_up, Named{});
   v("outer.codec_down", c.outer.codec_down, Named{});
+  v("outer.relay_mean", c.outer.relay_mean, Named{});
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
   v("outer.topk", c.outer.topk, Range{0, 1 << 16});
   v("outer.topk_down", c.outer.topk_down, Range{0, 1 << 16});
@@ -262,6 +264,11 @@ void validate(const Config& c) {
                 "config: outer.codec_down = \"relay\" applies outer SGD on every replica: "
                 "outer.momentum must be 0 (it is {:g})",
                 c.outer.momentum);
+  XLOCO_ENFORCE(c.outer.relay_mean == RelayMean::kAll || c.outer.codec_down == CodecKind::kRelay,
+                ConfigError,
+                "config: outer.relay_mean = \"{}\" divides a relayed update: it needs "
+                "outer.codec_down = \"relay\" (it is \"{}\")",
+                name_of(c.outer.relay_mean), name_of(c.outer.codec_down));
   XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kInt4 || c.outer.block_size % 2 == 0, ConfigError,
                 "config: outer.block_size = {} must be even for int4", c.outer.block_size);
   if (c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk) {
@@ -388,6 +395,7 @@ const char* to_string(CodecKind kind) { return name_of(kind); }
 const char* to_string(Kernels kernels) { return name_of(kernels); }
 const char* to_string(Overlap overlap) { return name_of(overlap); }
 const char* to_string(Fold fold) { return name_of(fold); }
+const char* to_string(RelayMean mean) { return name_of(mean); }
 
 int total_rounds(const Config& c) {
   return (c.inner.steps + c.outer.inner_steps - 1) / c.outer.inner_steps;
@@ -420,6 +428,7 @@ std::string config_hash(const Config& c) {
   if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
   if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise
   if (c.outer.lr_end < 0) j["outer"].erase("lr_end");            // likewise
+  if (c.outer.relay_mean == RelayMean::kAll) j["outer"].erase("relay_mean");  // likewise
   if (c.outer.fragments == 1) j["outer"].erase("fragments");    // likewise; others must agree
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");

@@ -20,6 +20,7 @@ enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk, kRelay };  // relay: d
 enum class Kernels { kFused, kAten };
 enum class Overlap { kNone, kDelayed };
 enum class Fold { kStep, kArrival };
+enum class RelayMean { kAll, kPresent };
 const char* to_string(DatasetKind kind);
 const char* to_string(Sharding sharding);
 const char* to_string(ModelKind kind);
@@ -27,6 +28,7 @@ const char* to_string(CodecKind kind);
 const char* to_string(Kernels kernels);
 const char* to_string(Overlap overlap);
 const char* to_string(Fold fold);
+const char* to_string(RelayMean mean);
 
 struct RunConfig {
   std::string name = "run";    // run directory name under dir
@@ -91,6 +93,11 @@ struct OuterConfig {
   CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4 | topk
   CodecKind codec_down = CodecKind::kInt8;  // head -> provider update; also "relay": the round's
                                             // uplink frames themselves (outer/relay.h; SGD only)
+  // With codec_down "relay", what each element of the relayed sum is divided by. "all": the
+  // weight of every frame (the plain mean: an element one provider of K sent moves by lr/K of
+  // its value). "present": the weight of the frames whose value there is not zero (a sparse
+  // uplink's elements move by lr × the mean of those who sent them).
+  RelayMean relay_mean = RelayMean::kAll;
   int block_size = 256;          // quantization block (int8, int4), or top-k chunk (topk, ≤ 65536)
   int topk = 0;                  // topk: values sent per block; 0 = block_size / 64 (at least 1)
   int topk_down = 0;             // topk on the downlink: values per block; 0 = as outer.topk. The

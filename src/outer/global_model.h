@@ -140,7 +140,7 @@ class GlobalModel {
   Aggregator aggregator_;
   compress::Encoder down_enc_, state_enc_;
   compress::Decoder dec_;
-  torch::Tensor relay_scratch_;  // relay: a frame's values when its weight is not 1
+  RelayBuffers relay_buf_;  // relay: apply_relay's scratch
   net::Frame last_update_;   // the last update applied to θ_pub
   net::Frame pending_;       // an update waiting for an evaluation to end
   uint64_t pub_round_ = 0;

@@ -221,7 +221,8 @@ class Leader {
       }
       p.frame = it->second;
     }
-    if (const auto at = apply_relay(dec_, b, theta_pub, fragment(r).layout, relay_acc_, relay_scratch_)) {
+    if (const auto at = apply_relay(dec_, b, theta_pub, fragment(r).layout,
+                                    cfg_.outer.relay_mean, relay_buf_)) {
       return fmt::format("round {}'s relayed update makes element {} non-finite", r, *at);
     }
     return std::nullopt;
@@ -281,7 +282,7 @@ class Leader {
   compress::Encoder up_;
   compress::Decoder dec_;
   std::map<uint64_t, net::Frame> sent_;  // its last contributions by round (relay.h fills them in)
-  torch::Tensor relay_acc_, relay_scratch_;
+  RelayBuffers relay_buf_;  // apply_relay's scratch
   std::vector<Fragment> fragments_;  // outer.fragments' groups of this model (set at join)
   LeaderState state_;
   uint64_t tokens_ = 0;

@@ -120,26 +120,41 @@ RelayBundle read_relay(const net::Frame& bundle) {
   return b;
 }
 
+namespace {
+
+float* sized(torch::Tensor& t, const torch::Tensor& like) {
+  if (!t.defined() || t.numel() != like.numel()) t = torch::empty_like(like);
+  return t.data_ptr<float>();
+}
+
+}  // namespace
+
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
-                                   torch::Tensor& acc, torch::Tensor& scratch) {
+                                   common::RelayMean mean, RelayBuffers& buf) {
   if (b.parts.empty()) return std::nullopt;
-  if (!acc.defined() || acc.numel() != theta.numel()) acc = torch::empty_like(theta);
-  float* a = acc.data_ptr<float>();
-  for (const auto& s : part.slots) std::fill(a + s.offset, a + s.offset + s.numel, 0.0f);
+  const bool present = mean == common::RelayMean::kPresent;
+  float* a = sized(buf.acc, theta);
+  float* c = present ? sized(buf.present, theta) : nullptr;
+  for (const auto& s : part.slots) {
+    std::fill(a + s.offset, a + s.offset + s.numel, 0.0f);
+    if (present) std::fill(c + s.offset, c + s.offset + s.numel, 0.0f);
+  }
   for (const RelayPart& p : b.parts) {
     XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
                         "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
-    if (p.weight == 1.0) {
-      compress::decode_add(decoder, p.frame.data(), p.frame.size(), part, acc);
+    if (p.weight == 1.0 && !present) {
+      compress::decode_add(decoder, p.frame.data(), p.frame.size(), part, buf.acc);
       continue;
     }
-    if (!scratch.defined() || scratch.numel() != theta.numel()) scratch = torch::empty_like(theta);
-    compress::decode(decoder, p.frame.data(), p.frame.size(), part, scratch);
-    const float* x = scratch.data_ptr<float>();
+    float* x = sized(buf.values, theta);
+    compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
     const auto w = static_cast<float>(p.weight);
     for (const auto& s : part.slots) {
-      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) a[i] = a[i] + w * x[i];
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+        a[i] = a[i] + w * x[i];
+        if (present && x[i] != 0.0f) c[i] = c[i] + w;
+      }
     }
   }
   // The new θ into acc first: θ stays as it was unless every value is finite.
@@ -149,7 +164,7 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
   const int64_t trained = part.trained_numel();
   for (const auto& s : part.slots) {
     for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-      const float d = a[i] / sum;
+      const float d = !present ? a[i] / sum : c[i] > 0.0f ? a[i] / c[i] : 0.0f;
       // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
       a[i] = i < trained ? t[i] - lr * d : t[i] - d;
       if (!std::isfinite(a[i])) return i;

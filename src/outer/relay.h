@@ -11,7 +11,9 @@
 //   per part, in the head's aggregation order: u16 name_len, name bytes (the provider),
 //     f64 weight, u8 flags (bit 0: the frame is left out: it is the receiver's own),
 //     u64 frame_bytes, the codec frame (compress/frame.h; none when left out)
-// θ ← θ − lr · (Σ wₖ·deq(frameₖ)) / weight_sum, elementwise in float, in part order.
+// θ ← θ − lr · (Σ wₖ·deq(frameₖ)) / weight_sum, elementwise in float, in part order; with
+// outer.relay_mean "present" each element's divisor is instead the weight of the parts whose
+// value there is not zero (Σ_{k: deq(frameₖ)ᵢ ≠ 0} wₖ; an element none sent does not move).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 
 #include <torch/types.h>
 
+#include "common/config.h"
 #include "common/layout.h"
 #include "compress/decoder.h"
 #include "net/frame.h"
@@ -56,12 +59,19 @@ std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiv
 // compress::FrameError (kCorrupt / kTruncated / kOverLimit) naming what is wrong.
 RelayBundle read_relay(const net::Frame& bundle);
 
-// θ ← θ − lr · Σ wₖ·deq(frameₖ) / weight_sum over `part`'s tensors (the round's fragment),
-// with `acc` as scratch (resized to θ's numel on first use). Every frame is decoded and checked
-// before θ is touched; a result that is not finite leaves θ as it was and returns where
-// (flat index). Parts flagged `own` must have had their frame filled in.
+// Model-sized scratch for apply_relay, allocated on first use and kept: the sum, one frame's
+// values (a weight other than 1, or "present"), and the weight present at each element
+// ("present" only).
+struct RelayBuffers {
+  torch::Tensor acc, values, present;
+};
+
+// θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
+// divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent). Every
+// frame is decoded and checked before θ is touched; a result that is not finite leaves θ as it
+// was and returns where (flat index). Parts flagged `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
-                                   torch::Tensor& acc, torch::Tensor& scratch);
+                                   common::RelayMean mean, RelayBuffers& buf);
 
 }  // namespace xloco::outer

@@ -80,6 +80,22 @@ TEST_SUITE("config") {
                          doctest::Contains("outer.momentum must be 0"), ConfigError);
     CHECK(parse_config(json{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}}).outer.codec_down ==
           xloco::common::CodecKind::kRelay);
+    // outer.relay_mean: "all" (the default) or "present", the latter on a relayed downlink only;
+    // hashed only away from its default (runs from before it hash as before).
+    const json relay{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}};
+    json present = relay;
+    present["outer"]["relay_mean"] = "present";
+    CHECK(parse_config(present).outer.relay_mean == xloco::common::RelayMean::kPresent);
+    CHECK(parse_config(relay).outer.relay_mean == xloco::common::RelayMean::kAll);
+    json all = relay;
+    all["outer"]["relay_mean"] = "all";
+    CHECK(xloco::common::config_hash(parse_config(all)) == xloco::common::config_hash(parse_config(relay)));
+    CHECK(xloco::common::config_hash(parse_config(present)) != xloco::common::config_hash(parse_config(relay)));
+    CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"relay_mean", "present"}}}}),
+                         doctest::Contains("needs outer.codec_down = \"relay\" (it is \"int8\")"),
+                         ConfigError);
+    present["outer"]["relay_mean"] = "median";
+    CHECK_THROWS_WITH_AS(parse_config(present), doctest::Contains("outer.relay_mean"), ConfigError);
   }
 
   TEST_CASE("dotted overrides parse numbers and strings") {

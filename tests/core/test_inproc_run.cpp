@@ -394,6 +394,17 @@ TEST_SUITE("inproc_run") {
     REQUIRE(run.verdicts.rounds.size() == 6);
     for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
     CHECK(checkpoint_true_is_pub(run.run_dir()));
+    // outer.relay_mean "present" divides each element by the weight of those who sent it: a
+    // different θ, the same on every replica.
+    ThreadedRun pres("thr-relay-present", 3);
+    use_relay(pres.cfg);
+    pres.cfg.outer.relay_mean = common::RelayMean::kPresent;
+    auto pres_head = pres.head();
+    CHECK(pres.run_all(*pres_head, 3) == 0);
+    CHECK(pres.provider_errors.empty());
+    for (int i = 0; i < 3; ++i) CHECK(pres.provider_hash("p" + std::to_string(i)) == pres_head->summary().theta_pub_hash);
+    CHECK(checkpoint_true_is_pub(pres.run_dir()));
+    CHECK(pres_head->summary().theta_pub_hash != head->summary().theta_pub_hash);
     // The round's bundle holds the three frames; each provider is sent it without its own:
     // 3 × bundle − Σ frames, to the byte (rounds after the first: nothing else went down).
     const auto& rounds = run.verdicts.rounds;

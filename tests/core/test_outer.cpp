@@ -949,8 +949,8 @@ TEST_SUITE("outer") {
     torch::manual_seed(9);
     const auto theta0 = torch::randn({layout.numel});
     auto theta = theta0.clone();
-    torch::Tensor acc, scratch;
-    CHECK_FALSE(outer::apply_relay(dec, b, theta, layout, acc, scratch).has_value());
+    outer::RelayBuffers buf;
+    CHECK_FALSE(outer::apply_relay(dec, b, theta, layout, common::RelayMean::kAll, buf).has_value());
     const float* t0 = theta0.data_ptr<float>();
     const float *v0 = values[0].data_ptr<float>(), *v1 = values[1].data_ptr<float>(),
                 *v2 = values[2].data_ptr<float>();
@@ -969,23 +969,53 @@ TEST_SUITE("outer") {
     CHECK(moved > 0);
     // Another replica: the same bits.
     auto other = theta0.clone();
-    torch::Tensor acc2, scratch2;
-    CHECK_FALSE(outer::apply_relay(dec, b, other, layout, acc2, scratch2).has_value());
+    outer::RelayBuffers buf2;
+    CHECK_FALSE(outer::apply_relay(dec, b, other, layout, common::RelayMean::kAll, buf2).has_value());
     CHECK(torch::equal(other, theta));
     // A part left out and not filled in is refused before θ is touched.
     auto left_out = b;
     left_out.parts[1].frame = {};
     left_out.parts[1].own = true;
     auto untouched = theta0.clone();
-    CHECK_THROWS_AS(outer::apply_relay(dec, left_out, untouched, layout, acc, scratch), compress::FrameError);
+    CHECK_THROWS_AS(outer::apply_relay(dec, left_out, untouched, layout, common::RelayMean::kAll, buf), compress::FrameError);
     CHECK(torch::equal(untouched, theta0));
     // A rate that overflows: refused, θ as it was.
     auto huge = b;
     huge.lr = 3e38f;
     huge.weight_sum = 1e-30;
     auto kept = theta0.clone();
-    CHECK(outer::apply_relay(dec, huge, kept, layout, acc, scratch).has_value());
+    CHECK(outer::apply_relay(dec, huge, kept, layout, common::RelayMean::kAll, buf).has_value());
     CHECK(torch::equal(kept, theta0));
+
+    // outer.relay_mean "present": each element divided by the weight of the frames that sent
+    // it (a topk frame decodes to 0 where it sent nothing); one that none sent stays.
+    auto pres = theta0.clone();
+    CHECK_FALSE(outer::apply_relay(dec, b, pres, layout, common::RelayMean::kPresent, buf).has_value());
+    int64_t alone = 0, shared = 0, still = 0;
+    for (int64_t i = 0; i < layout.numel; ++i) {
+      float a = 0.0f, w = 0.0f;
+      a = a + v0[i];
+      if (v0[i] != 0.0f) w = w + 1.0f;
+      a = a + 2.0f * v1[i];
+      if (v1[i] != 0.0f) w = w + 2.0f;
+      a = a + v2[i];
+      if (v2[i] != 0.0f) w = w + 1.0f;
+      const float d = w > 0.0f ? a / w : 0.0f;
+      const float want = t0[i] - 0.75f * d;
+      if (pres[i].item<float>() != want) FAIL_CHECK("present, element " << i << ": " << pres[i].item<float>() << " != " << want);
+      const int senders = (v0[i] != 0.0f) + (v1[i] != 0.0f) + (v2[i] != 0.0f);
+      alone += senders == 1;
+      shared += senders > 1;
+      still += senders == 0;
+    }
+    CHECK(alone > 0);   // where the two rules differ most (4x here for p0's and p2's elements)
+    CHECK(shared > 0);
+    CHECK(still > 0);
+    CHECK_FALSE(torch::equal(pres, theta));
+    auto pres2 = theta0.clone();
+    outer::RelayBuffers buf3;
+    CHECK_FALSE(outer::apply_relay(dec, b, pres2, layout, common::RelayMean::kPresent, buf3).has_value());
+    CHECK(torch::equal(pres2, pres));
   }
 
   TEST_CASE("relay: the aggregator keeps the accepted frames in adding order with their weights and never decodes them into delta; a frame that fails its checks is refused on arrival") {
