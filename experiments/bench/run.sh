@@ -13,7 +13,7 @@ if [ -n "$mm" ]; then
   echo "== model FLOPs utilisation (1 intra-op x 1 OpenBLAS thread)"
   /usr/bin/python3 "$HERE/throughput.py" "$BUILD/src/cli/xloco" --mfu "$mm"
 fi
-for b in bench_attention bench_codec bench_net; do
+for b in bench_attention bench_codec bench_net bench_relay; do
   exe=$(find "$BUILD/experiments/bench" -name "$b" -type f -executable 2>/dev/null | head -1)
   if [ -n "$exe" ]; then
     echo "== $b"

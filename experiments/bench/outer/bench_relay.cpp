@@ -1,0 +1,83 @@
+// Applying one relayed round (outer/relay.h apply_relay) to a 101 M-parameter θ: K − 1 = 3
+// topk frames (176 of every 4096, 2 bits, as the harness's relay runs), outer.relay_mean "all"
+// against "present", and a memcpy of θ in the same run as the reference. Bytes processed: θ's
+// fp32 bytes per application.
+//
+//   build/experiments/bench/outer/bench_relay --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/layout.h"
+#include "compress/encoder.h"
+#include "compress/torch_adapter.h"
+#include "outer/relay.h"
+
+namespace {
+
+using namespace xloco;
+
+constexpr int64_t kNumel = 101'000'000;
+
+struct Round {
+  common::FlatLayout layout;
+  outer::RelayBundle bundle;
+  torch::Tensor theta;
+};
+
+const Round& round_of() {
+  static const Round r = [] {
+    Round out;
+    out.layout.append("w", {kNumel});
+    torch::manual_seed(1);
+    out.theta = torch::randn({kNumel});
+    compress::CodecConfig cc;
+    cc.codec = compress::Codec::kTopk;
+    cc.block_size = 4096;
+    cc.topk = 176;
+    cc.error_feedback = false;
+    out.bundle.lr = 2.0f;
+    out.bundle.weight_sum = 4.0;
+    for (int k = 0; k < 3; ++k) {
+      compress::Encoder enc(cc);
+      std::vector<uint8_t> frame;
+      compress::encode(enc, out.layout, torch::randn({kNumel}) * 1e-3, frame);
+      out.bundle.parts.push_back({"p" + std::to_string(k), 1.0, net::Frame(std::move(frame)), false});
+    }
+    return out;
+  }();
+  return r;
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const Round& r = round_of();
+  auto dst = torch::empty_like(r.theta);
+  for (auto _ : state) {
+    std::memcpy(dst.data_ptr<float>(), r.theta.data_ptr<float>(), kNumel * sizeof(float));
+    benchmark::DoNotOptimize(dst.data_ptr<float>());
+  }
+  state.SetBytesProcessed(state.iterations() * kNumel * static_cast<int64_t>(sizeof(float)));
+}
+
+void BM_ApplyRelay(benchmark::State& state) {
+  const Round& r = round_of();
+  const auto mean = state.range(0) == 0 ? common::RelayMean::kAll : common::RelayMean::kPresent;
+  compress::Decoder dec;
+  outer::RelayBuffers buf;
+  auto theta = r.theta.clone();
+  for (auto _ : state) {
+    const auto at = outer::apply_relay(dec, r.bundle, theta, r.layout, mean, buf);
+    if (at) state.SkipWithError("non-finite step");
+  }
+  state.SetBytesProcessed(state.iterations() * kNumel * static_cast<int64_t>(sizeof(float)));
+  state.counters["frame_MB"] = static_cast<double>(r.bundle.parts[0].frame.size()) / 1e6;
+}
+
+}  // namespace
+
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ApplyRelay)->ArgName("present")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_MAIN();
