@@ -49,9 +49,8 @@ class Aggregator {
   // `norm_bound`: outer.norm_bound (0: norms are not judged). `keep_frames`: keep each
   // accepted frame with its weight until the next round (outer.codec_down "relay" sends them)
   // *instead of* adding it into Δ: the relay applies the frames themselves (relay.h), so Δ is
-  // never computed (delta() is not written: the caller may lend its memory to the relay) and a
-  // frame is decoded once on arrival, for its norm and checks (Decoder::norm checks what
-  // decode does), not a second time into Δ.
+  // never computed (delta() stays undefined) and a frame is decoded once on arrival, for its
+  // norm and checks (Decoder::norm checks what decode does), not a second time into Δ.
   explicit Aggregator(const common::FlatLayout& layout, double norm_bound = 0,
                       bool keep_frames = false);
 

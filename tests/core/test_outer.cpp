@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "common/config.h"
 #include "common/safetensors.h"
@@ -952,17 +954,24 @@ TEST_SUITE("outer") {
     outer::RelayBuffers buf;
     CHECK_FALSE(outer::apply_relay(dec, b, theta, layout, common::RelayMean::kAll, buf).has_value());
     const float* t0 = theta0.data_ptr<float>();
-    const float *v0 = values[0].data_ptr<float>(), *v1 = values[1].data_ptr<float>(),
-                *v2 = values[2].data_ptr<float>();
+    const std::array<std::pair<const float*, float>, 3> parts{
+        {{values[0].data_ptr<float>(), 1.0f}, {values[1].data_ptr<float>(), 2.0f},
+         {values[2].data_ptr<float>(), 1.0f}}};
+    // The rule by hand, one float operation at a time: Σ wₖ·xₖ in part order, divided by every
+    // part's weight (4) or, "present", by the weight of the parts nonzero there; lr · d is one
+    // rounding, then the subtraction's.
+    const auto by_hand = [&](int64_t i, bool present) {
+      float a = 0.0f, w = 0.0f;
+      for (const auto& [v, wk] : parts) {
+        a = a + wk * v[i];
+        if (v[i] != 0.0f) w = w + wk;
+      }
+      const float d = !present ? a / 4.0f : w > 0.0f ? a / w : 0.0f;
+      return t0[i] - 0.75f * d;
+    };
     int64_t moved = 0;
     for (int64_t i = 0; i < layout.numel; ++i) {
-      float a = 0.0f;
-      a = a + v0[i];
-      a = a + 2.0f * v1[i];
-      a = a + v2[i];
-      const float d = a / 4.0f;
-      const float p = 0.75f * d;  // one rounding, then the subtraction's
-      const float want = t0[i] - p;
+      const float want = by_hand(i, false);
       if (theta[i].item<float>() != want) FAIL_CHECK("element " << i << ": " << theta[i].item<float>() << " != " << want);
       moved += want != t0[i];
     }
@@ -993,17 +1002,10 @@ TEST_SUITE("outer") {
     CHECK_FALSE(outer::apply_relay(dec, b, pres, layout, common::RelayMean::kPresent, buf).has_value());
     int64_t alone = 0, shared = 0, still = 0;
     for (int64_t i = 0; i < layout.numel; ++i) {
-      float a = 0.0f, w = 0.0f;
-      a = a + v0[i];
-      if (v0[i] != 0.0f) w = w + 1.0f;
-      a = a + 2.0f * v1[i];
-      if (v1[i] != 0.0f) w = w + 2.0f;
-      a = a + v2[i];
-      if (v2[i] != 0.0f) w = w + 1.0f;
-      const float d = w > 0.0f ? a / w : 0.0f;
-      const float want = t0[i] - 0.75f * d;
+      const float want = by_hand(i, true);
       if (pres[i].item<float>() != want) FAIL_CHECK("present, element " << i << ": " << pres[i].item<float>() << " != " << want);
-      const int senders = (v0[i] != 0.0f) + (v1[i] != 0.0f) + (v2[i] != 0.0f);
+      int senders = 0;
+      for (const auto& part : parts) senders += part.first[i] != 0.0f;
       alone += senders == 1;
       shared += senders > 1;
       still += senders == 0;
