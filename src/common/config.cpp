@@ -32,7 +32,7 @@ template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4
 template <> constexpr std::array kNames<Kernels>{"fused", "aten"};
 template <> constexpr std::array kNames<Overlap>{"none", "delayed"};
 template <> constexpr std::array kNames<Fold>{"step", "arrival"};
-template <> constexpr std::array kNames<RelayMean>{"all", "present"};
+template <> constexpr std::array kNames<RelayMean>{"all", "present", "clipped"};
 
 template <class E>
 const char* name_of(E e) {
@@ -86,6 +86,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.codec_up", c.outer.codec_up, Named{});
   v("outer.codec_down", c.outer.codec_down, Named{});
   v("outer.relay_mean", c.outer.relay_mean, Named{});
+  v("outer.relay_clip", c.outer.relay_clip, Range{0, 1e6});
   v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
   v("outer.topk", c.outer.topk, Range{0, 1 << 16});
   v("outer.topk_down", c.outer.topk_down, Range{0, 1 << 16});
@@ -429,6 +430,7 @@ std::string config_hash(const Config& c) {
   if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise
   if (c.outer.lr_end < 0) j["outer"].erase("lr_end");            // likewise
   if (c.outer.relay_mean == RelayMean::kAll) j["outer"].erase("relay_mean");  // likewise
+  if (c.outer.relay_mean != RelayMean::kClipped) j["outer"].erase("relay_clip");  // unused
   if (c.outer.fragments == 1) j["outer"].erase("fragments");    // likewise; others must agree
   if (c.outer.round_budget_s == 0) {
     j["outer"].erase("round_budget_s");

@@ -20,7 +20,7 @@ enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk, kRelay };  // relay: d
 enum class Kernels { kFused, kAten };
 enum class Overlap { kNone, kDelayed };
 enum class Fold { kStep, kArrival };
-enum class RelayMean { kAll, kPresent };
+enum class RelayMean { kAll, kPresent, kClipped };
 const char* to_string(DatasetKind kind);
 const char* to_string(Sharding sharding);
 const char* to_string(ModelKind kind);
@@ -96,8 +96,12 @@ struct OuterConfig {
   // With codec_down "relay", what each element of the relayed sum is divided by. "all": the
   // weight of every frame (the plain mean: an element one provider of K sent moves by lr/K of
   // its value). "present": the weight of the frames whose value there is not zero (a sparse
-  // uplink's elements move by lr × the mean of those who sent them).
+  // uplink's elements move by lr × the mean of those who sent them). "clipped": the weight of
+  // every frame, with each frame that did not send an element credited there with the
+  // senders' mean clipped to relay_clip × the smallest magnitude it sent in that block (what
+  // it can have held back there); between "all" (relay_clip 0) and "present" (relay_clip ∞).
   RelayMean relay_mean = RelayMean::kAll;
+  double relay_clip = 2;         // relay_mean "clipped": the multiple of a frame's least sent value
   int block_size = 256;          // quantization block (int8, int4), or top-k chunk (topk, ≤ 65536)
   int topk = 0;                  // topk: values sent per block; 0 = block_size / 64 (at least 1)
   int topk_down = 0;             // topk on the downlink: values per block; 0 = as outer.topk. The

@@ -166,7 +166,8 @@ GlobalModel::Closed GlobalModel::close_round() {
     RelayBundle relay{static_cast<float>(lr), aggregator_.weight_sum(), {}};
     for (const auto& k : aggregator_.kept()) relay.parts.push_back({k.peer, k.weight, k.frame, false});
     if (const auto at = apply_relay(dec_, relay, theta_true_, part.layout,
-                                    config_.outer.relay_mean, relay_buf_)) {
+                                    config_.outer.relay_mean, config_.outer.relay_clip,
+                                    relay_buf_)) {
       const auto& slot = layout().slot_at(*at);
       out.discarded = fmt::format(
           "the relayed step would make {}[{}] non-finite (θ {}): round discarded, θ kept",

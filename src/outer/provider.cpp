@@ -222,7 +222,8 @@ class Leader {
       p.frame = it->second;
     }
     if (const auto at = apply_relay(dec_, b, theta_pub, fragment(r).layout,
-                                    cfg_.outer.relay_mean, relay_buf_)) {
+                                    cfg_.outer.relay_mean, cfg_.outer.relay_clip,
+                                    relay_buf_)) {
       return fmt::format("round {}'s relayed update makes element {} non-finite", r, *at);
     }
     return std::nullopt;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <algorithm>
 
 #include "compress/error.h"
 #include "compress/torch_adapter.h"
@@ -127,20 +129,32 @@ float* sized(torch::Tensor& t, const torch::Tensor& like) {
   return t.data_ptr<float>();
 }
 
+// The block a frame's values were chosen in (its block size; the whole tensor when it has none).
+int64_t block_of(const compress::Decoder& decoder, const RelayPart& p) {
+  const uint32_t block = decoder.inspect(p.frame.data(), p.frame.size()).block_size;
+  return block > 0 ? block : std::numeric_limits<int64_t>::max() / 2;
+}
+
 }  // namespace
 
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
-                                   common::RelayMean mean, RelayBuffers& buf) {
+                                   common::RelayMean mean, double clip, RelayBuffers& buf) {
   if (b.parts.empty()) return std::nullopt;
-  const bool present = mean == common::RelayMean::kPresent;
+  const bool clipped = mean == common::RelayMean::kClipped;
+  const bool present = mean != common::RelayMean::kAll;  // "present" and "clipped" count senders
   float* a = sized(buf.acc, theta);
   float* c = present ? sized(buf.present, theta) : nullptr;
   for (const auto& s : part.slots) {
     std::fill(a + s.offset, a + s.offset + s.numel, 0.0f);
     if (present) std::fill(c + s.offset, c + s.offset + s.numel, 0.0f);
   }
-  for (const RelayPart& p : b.parts) {
+  // "clipped": each frame's smallest magnitude sent in each block (its slots' blocks in order),
+  // times outer.relay_clip; a block it sent nothing in has 0.
+  std::vector<std::vector<float>> least_sent(clipped ? b.parts.size() : 0);
+  const auto alpha = static_cast<float>(clip);
+  for (size_t q = 0; q < b.parts.size(); ++q) {
+    const RelayPart& p = b.parts[q];
     XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
                         "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
     if (p.weight == 1.0 && !present) {
@@ -156,15 +170,58 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
         if (present && x[i] != 0.0f) c[i] = c[i] + w;
       }
     }
+    if (!clipped) continue;
+    const int64_t block = block_of(decoder, p);
+    for (const auto& s : part.slots) {
+      for (int64_t o = 0; o < s.numel; o += block) {
+        float least = std::numeric_limits<float>::infinity();
+        for (int64_t i = s.offset + o; i < s.offset + std::min(s.numel, o + block); ++i) {
+          if (x[i] != 0.0f) least = std::min(least, std::fabs(x[i]));
+        }
+        least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
+      }
+    }
+  }
+  const auto sum = static_cast<float>(b.weight_sum);
+  if (clipped) {
+    // c becomes m, the senders' mean; then each frame that did not send an element is credited
+    // there with m clipped to its least value sent in that block times the clip: extra =
+    // Σ_{q not sent} w_q·sign(m)·min(|m|, least_q), in part order. An element none sent has
+    // m = 0 and gets nothing.
+    float* e = sized(buf.extra, theta);
+    for (const auto& s : part.slots) {
+      std::fill(e + s.offset, e + s.offset + s.numel, 0.0f);
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) c[i] = c[i] > 0.0f ? a[i] / c[i] : 0.0f;
+    }
+    for (size_t q = 0; q < b.parts.size(); ++q) {
+      const RelayPart& p = b.parts[q];
+      float* x = buf.values.data_ptr<float>();
+      compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
+      const auto w = static_cast<float>(p.weight);
+      const int64_t block = block_of(decoder, p);
+      size_t blk = 0;
+      for (const auto& s : part.slots) {
+        for (int64_t o = 0; o < s.numel; o += block, ++blk) {
+          const float f = least_sent[q][blk];
+          for (int64_t i = s.offset + o; i < s.offset + std::min(s.numel, o + block); ++i) {
+            if (x[i] != 0.0f) continue;
+            e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+          }
+        }
+      }
+    }
   }
   // The new θ into acc first: θ stays as it was unless every value is finite.
   const float* t = theta.data_ptr<float>();
-  const auto sum = static_cast<float>(b.weight_sum);
   const float lr = b.lr;
   const int64_t trained = part.trained_numel();
+  const float* e = clipped ? buf.extra.data_ptr<float>() : nullptr;
   for (const auto& s : part.slots) {
     for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-      const float d = !present ? a[i] / sum : c[i] > 0.0f ? a[i] / c[i] : 0.0f;
+      const float d = clipped    ? (a[i] + e[i]) / sum
+                      : !present ? a[i] / sum
+                      : c[i] > 0.0f ? a[i] / c[i]
+                                    : 0.0f;
       // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
       a[i] = i < trained ? t[i] - lr * d : t[i] - d;
       if (!std::isfinite(a[i])) return i;

@@ -14,6 +14,11 @@
 // θ ← θ − lr · (Σ wₖ·deq(frameₖ)) / weight_sum, elementwise in float, in part order; with
 // outer.relay_mean "present" each element's divisor is instead the weight of the parts whose
 // value there is not zero (Σ_{k: deq(frameₖ)ᵢ ≠ 0} wₖ; an element none sent does not move).
+// With "clipped" the divisor is weight_sum again, and each part that did not send element i is
+// credited there with the senders' mean mᵢ clipped to what it could have held back: its
+// smallest sent magnitude in that block times outer.relay_clip (a part's unsent values are
+// below the ones it sent), so θ ← θ − lr · (Σ wₖ·deq(frameₖ) + Σ_{k not sent} wₖ·sign(mᵢ)·
+// min(|mᵢ|, clip·least_k(block))) / weight_sum. clip 0 is "all", clip ∞ "present".
 #pragma once
 
 #include <cstdint>
@@ -63,15 +68,17 @@ RelayBundle read_relay(const net::Frame& bundle);
 // values (a weight other than 1, or "present"), and the weight present at each element
 // ("present" only).
 struct RelayBuffers {
-  torch::Tensor acc, values, present;
+  torch::Tensor acc, values, present, extra;  // extra: "clipped" only
 };
 
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
-// divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent). Every
-// frame is decoded and checked before θ is touched; a result that is not finite leaves θ as it
-// was and returns where (flat index). Parts flagged `own` must have had their frame filled in.
+// divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent); kClipped
+// as above, with `clip` (outer.relay_clip; unused otherwise) and each frame's own block size.
+// Every frame is decoded and checked before θ is touched ("clipped" decodes each twice); a
+// result that is not finite leaves θ as it was and returns where (flat index). Parts flagged
+// `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
-                                   common::RelayMean mean, RelayBuffers& buf);
+                                   common::RelayMean mean, double clip, RelayBuffers& buf);
 
 }  // namespace xloco::outer

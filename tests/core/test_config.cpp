@@ -80,7 +80,7 @@ TEST_SUITE("config") {
                          doctest::Contains("outer.momentum must be 0"), ConfigError);
     CHECK(parse_config(json{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}}).outer.codec_down ==
           xloco::common::CodecKind::kRelay);
-    // outer.relay_mean: "all" (the default) or "present", the latter on a relayed downlink only;
+    // outer.relay_mean: "all" (the default), "present" or "clipped", the last two on a relayed downlink only;
     // hashed only away from its default (runs from before it hash as before).
     const json relay{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}};
     json present = relay;
@@ -94,6 +94,20 @@ TEST_SUITE("config") {
     CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"relay_mean", "present"}}}}),
                          doctest::Contains("needs outer.codec_down = \"relay\" (it is \"int8\")"),
                          ConfigError);
+    // "clipped" with its outer.relay_clip (default 2), hashed only with "clipped".
+    json clipped = relay;
+    clipped["outer"]["relay_mean"] = "clipped";
+    CHECK(parse_config(clipped).outer.relay_mean == xloco::common::RelayMean::kClipped);
+    CHECK(parse_config(clipped).outer.relay_clip == 2.0);
+    json clip3 = clipped;
+    clip3["outer"]["relay_clip"] = 3;
+    CHECK(parse_config(clip3).outer.relay_clip == 3.0);
+    CHECK(xloco::common::config_hash(parse_config(clip3)) != xloco::common::config_hash(parse_config(clipped)));
+    json present_clip3 = present;
+    present_clip3["outer"]["relay_clip"] = 3;
+    CHECK(xloco::common::config_hash(parse_config(present_clip3)) == xloco::common::config_hash(parse_config(present)));
+    clip3["outer"]["relay_clip"] = -1;
+    CHECK_THROWS_WITH_AS(parse_config(clip3), doctest::Contains("outer.relay_clip"), ConfigError);
     present["outer"]["relay_mean"] = "median";
     CHECK_THROWS_WITH_AS(parse_config(present), doctest::Contains("outer.relay_mean"), ConfigError);
   }

@@ -405,6 +405,18 @@ TEST_SUITE("inproc_run") {
     for (int i = 0; i < 3; ++i) CHECK(pres.provider_hash("p" + std::to_string(i)) == pres_head->summary().theta_pub_hash);
     CHECK(checkpoint_true_is_pub(pres.run_dir()));
     CHECK(pres_head->summary().theta_pub_hash != head->summary().theta_pub_hash);
+    // "clipped" credits the providers that did not send an element (relay.h): a third θ, the
+    // same on every replica (each decodes every frame twice, in the same order).
+    ThreadedRun clip("thr-relay-clipped", 3);
+    use_relay(clip.cfg);
+    clip.cfg.outer.relay_mean = common::RelayMean::kClipped;
+    auto clip_head = clip.head();
+    CHECK(clip.run_all(*clip_head, 3) == 0);
+    CHECK(clip.provider_errors.empty());
+    for (int i = 0; i < 3; ++i) CHECK(clip.provider_hash("p" + std::to_string(i)) == clip_head->summary().theta_pub_hash);
+    CHECK(checkpoint_true_is_pub(clip.run_dir()));
+    CHECK(clip_head->summary().theta_pub_hash != head->summary().theta_pub_hash);
+    CHECK(clip_head->summary().theta_pub_hash != pres_head->summary().theta_pub_hash);
     // The round's bundle holds the three frames; each provider is sent it without its own:
     // 3 × bundle − Σ frames, to the byte (rounds after the first: nothing else went down).
     const auto& rounds = run.verdicts.rounds;

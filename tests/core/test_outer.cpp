@@ -11,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -952,7 +953,7 @@ TEST_SUITE("outer") {
     const auto theta0 = torch::randn({layout.numel});
     auto theta = theta0.clone();
     outer::RelayBuffers buf;
-    CHECK_FALSE(outer::apply_relay(dec, b, theta, layout, common::RelayMean::kAll, buf).has_value());
+    CHECK_FALSE(outer::apply_relay(dec, b, theta, layout, common::RelayMean::kAll, 2.0, buf).has_value());
     const float* t0 = theta0.data_ptr<float>();
     const std::array<std::pair<const float*, float>, 3> parts{
         {{values[0].data_ptr<float>(), 1.0f}, {values[1].data_ptr<float>(), 2.0f},
@@ -979,27 +980,27 @@ TEST_SUITE("outer") {
     // Another replica: the same bits.
     auto other = theta0.clone();
     outer::RelayBuffers buf2;
-    CHECK_FALSE(outer::apply_relay(dec, b, other, layout, common::RelayMean::kAll, buf2).has_value());
+    CHECK_FALSE(outer::apply_relay(dec, b, other, layout, common::RelayMean::kAll, 2.0, buf2).has_value());
     CHECK(torch::equal(other, theta));
     // A part left out and not filled in is refused before θ is touched.
     auto left_out = b;
     left_out.parts[1].frame = {};
     left_out.parts[1].own = true;
     auto untouched = theta0.clone();
-    CHECK_THROWS_AS(outer::apply_relay(dec, left_out, untouched, layout, common::RelayMean::kAll, buf), compress::FrameError);
+    CHECK_THROWS_AS(outer::apply_relay(dec, left_out, untouched, layout, common::RelayMean::kAll, 2.0, buf), compress::FrameError);
     CHECK(torch::equal(untouched, theta0));
     // A rate that overflows: refused, θ as it was.
     auto huge = b;
     huge.lr = 3e38f;
     huge.weight_sum = 1e-30;
     auto kept = theta0.clone();
-    CHECK(outer::apply_relay(dec, huge, kept, layout, common::RelayMean::kAll, buf).has_value());
+    CHECK(outer::apply_relay(dec, huge, kept, layout, common::RelayMean::kAll, 2.0, buf).has_value());
     CHECK(torch::equal(kept, theta0));
 
     // outer.relay_mean "present": each element divided by the weight of the frames that sent
     // it (a topk frame decodes to 0 where it sent nothing); one that none sent stays.
     auto pres = theta0.clone();
-    CHECK_FALSE(outer::apply_relay(dec, b, pres, layout, common::RelayMean::kPresent, buf).has_value());
+    CHECK_FALSE(outer::apply_relay(dec, b, pres, layout, common::RelayMean::kPresent, 2.0, buf).has_value());
     int64_t alone = 0, shared = 0, still = 0;
     for (int64_t i = 0; i < layout.numel; ++i) {
       const float want = by_hand(i, true);
@@ -1016,8 +1017,56 @@ TEST_SUITE("outer") {
     CHECK_FALSE(torch::equal(pres, theta));
     auto pres2 = theta0.clone();
     outer::RelayBuffers buf3;
-    CHECK_FALSE(outer::apply_relay(dec, b, pres2, layout, common::RelayMean::kPresent, buf3).has_value());
+    CHECK_FALSE(outer::apply_relay(dec, b, pres2, layout, common::RelayMean::kPresent, 2.0, buf3).has_value());
     CHECK(torch::equal(pres2, pres));
+
+    // outer.relay_mean "clipped": the plain mean's sum, plus, for each part that did not send
+    // an element, the senders' mean there clipped to clip × the least magnitude that part sent
+    // in the element's block (256 here, from each tensor's start; the short last ones too).
+    const auto least_in_block = [&](const float* v, int64_t i) {
+      const auto& slot = layout.slot_at(i);
+      const int64_t lo = slot.offset + (i - slot.offset) / 256 * 256;
+      const int64_t hi = std::min(slot.offset + slot.numel, lo + 256);
+      float least = std::numeric_limits<float>::infinity();
+      for (int64_t j = lo; j < hi; ++j) {
+        if (v[j] != 0.0f) least = std::min(least, std::fabs(v[j]));
+      }
+      return std::isfinite(least) ? least : 0.0f;
+    };
+    for (const float clip : {0.5f, 2.0f}) {
+      CAPTURE(clip);
+      auto clipped = theta0.clone();
+      outer::RelayBuffers buf4;
+      CHECK_FALSE(outer::apply_relay(dec, b, clipped, layout, common::RelayMean::kClipped, clip, buf4).has_value());
+      int64_t credited = 0, capped = 0;
+      for (int64_t i = 0; i < layout.numel; ++i) {
+        float a = 0.0f, w = 0.0f;
+        for (const auto& [v, wk] : parts) {
+          a = a + wk * v[i];
+          if (v[i] != 0.0f) w = w + wk;
+        }
+        const float m = w > 0.0f ? a / w : 0.0f;
+        float extra = 0.0f;
+        for (const auto& [v, wk] : parts) {
+          if (v[i] != 0.0f || m == 0.0f) continue;
+          const float f = clip * least_in_block(v, i);
+          extra = extra + wk * std::copysign(std::min(std::fabs(m), f), m);
+          ++credited;
+          capped += f < std::fabs(m);
+        }
+        const float want = t0[i] - 0.75f * ((a + extra) / 4.0f);
+        if (clipped[i].item<float>() != want) FAIL_CHECK("clipped, element " << i << ": " << clipped[i].item<float>() << " != " << want);
+      }
+      CHECK(credited > capped);  // some credited with the whole mean,
+      CHECK(capped > 0);         // some with their own bound
+      CHECK_FALSE(torch::equal(clipped, theta));
+      CHECK_FALSE(torch::equal(clipped, pres));
+    }
+    // clip 0 credits nothing: the plain mean, to the bit.
+    auto clip0 = theta0.clone();
+    outer::RelayBuffers buf5;
+    CHECK_FALSE(outer::apply_relay(dec, b, clip0, layout, common::RelayMean::kClipped, 0.0, buf5).has_value());
+    CHECK(torch::equal(clip0, theta));
   }
 
   TEST_CASE("relay: the aggregator keeps the accepted frames in adding order with their weights and never decodes them into delta; a frame that fails its checks is refused on arrival") {

@@ -1,7 +1,7 @@
 // Applying one relayed round (outer/relay.h apply_relay) to a 101 M-parameter θ: K − 1 = 3
-// topk frames (176 of every 4096, 2 bits, as the harness's relay runs), outer.relay_mean "all"
-// against "present", and a memcpy of θ in the same run as the reference. Bytes processed: θ's
-// fp32 bytes per application.
+// topk frames (176 of every 4096, 2 bits, as the harness's relay runs), outer.relay_mean "all",
+// "present" and "clipped" (relay_clip 2; mean = 0, 1, 2), and a memcpy of θ in the same run as
+// the reference. Bytes processed: θ's fp32 bytes per application.
 //
 //   build/experiments/bench/outer/bench_relay --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -64,13 +64,13 @@ void BM_Memcpy(benchmark::State& state) {
 
 void BM_ApplyRelay(benchmark::State& state) {
   const Round& r = round_of();
-  const auto mean = state.range(0) == 0 ? common::RelayMean::kAll : common::RelayMean::kPresent;
+  const auto mean = static_cast<common::RelayMean>(state.range(0));  // 0 all, 1 present, 2 clipped
   compress::Decoder dec;
   outer::RelayBuffers buf;
   auto theta = r.theta.clone();
-  (void)outer::apply_relay(dec, r.bundle, theta, r.layout, mean, buf);  // buffers allocated, as on a replica after its first round
+  (void)outer::apply_relay(dec, r.bundle, theta, r.layout, mean, 2.0, buf);  // buffers allocated, as on a replica after its first round
   for (auto _ : state) {
-    const auto at = outer::apply_relay(dec, r.bundle, theta, r.layout, mean, buf);
+    const auto at = outer::apply_relay(dec, r.bundle, theta, r.layout, mean, 2.0, buf);
     if (at) state.SkipWithError("non-finite step");
   }
   state.SetBytesProcessed(state.iterations() * kNumel * static_cast<int64_t>(sizeof(float)));
@@ -80,5 +80,5 @@ void BM_ApplyRelay(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_Memcpy)->Iterations(5)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_ApplyRelay)->ArgName("present")->Arg(0)->Arg(1)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ApplyRelay)->ArgName("mean")->Arg(0)->Arg(1)->Arg(2)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();
