@@ -394,29 +394,24 @@ TEST_SUITE("inproc_run") {
     REQUIRE(run.verdicts.rounds.size() == 6);
     for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
     CHECK(checkpoint_true_is_pub(run.run_dir()));
-    // outer.relay_mean "present" divides each element by the weight of those who sent it: a
-    // different θ, the same on every replica.
-    ThreadedRun pres("thr-relay-present", 3);
-    use_relay(pres.cfg);
-    pres.cfg.outer.relay_mean = common::RelayMean::kPresent;
-    auto pres_head = pres.head();
-    CHECK(pres.run_all(*pres_head, 3) == 0);
-    CHECK(pres.provider_errors.empty());
-    for (int i = 0; i < 3; ++i) CHECK(pres.provider_hash("p" + std::to_string(i)) == pres_head->summary().theta_pub_hash);
-    CHECK(checkpoint_true_is_pub(pres.run_dir()));
-    CHECK(pres_head->summary().theta_pub_hash != head->summary().theta_pub_hash);
-    // "clipped" credits the providers that did not send an element (relay.h): a third θ, the
-    // same on every replica (each decodes every frame twice, in the same order).
-    ThreadedRun clip("thr-relay-clipped", 3);
-    use_relay(clip.cfg);
-    clip.cfg.outer.relay_mean = common::RelayMean::kClipped;
-    auto clip_head = clip.head();
-    CHECK(clip.run_all(*clip_head, 3) == 0);
-    CHECK(clip.provider_errors.empty());
-    for (int i = 0; i < 3; ++i) CHECK(clip.provider_hash("p" + std::to_string(i)) == clip_head->summary().theta_pub_hash);
-    CHECK(checkpoint_true_is_pub(clip.run_dir()));
-    CHECK(clip_head->summary().theta_pub_hash != head->summary().theta_pub_hash);
-    CHECK(clip_head->summary().theta_pub_hash != pres_head->summary().theta_pub_hash);
+    // outer.relay_mean "present" (each element divided by the weight of those who sent it) and
+    // "clipped" (the non-senders credited, relay.h; every frame decoded twice): a different θ
+    // each, the same on every replica.
+    std::vector<std::string> hashes{head->summary().theta_pub_hash};
+    for (const auto mean : {common::RelayMean::kPresent, common::RelayMean::kClipped}) {
+      CAPTURE(common::to_string(mean));
+      ThreadedRun other(std::string("thr-relay-") + common::to_string(mean), 3);
+      use_relay(other.cfg);
+      other.cfg.outer.relay_mean = mean;
+      auto other_head = other.head();
+      CHECK(other.run_all(*other_head, 3) == 0);
+      CHECK(other.provider_errors.empty());
+      const std::string hash = other_head->summary().theta_pub_hash;
+      for (int i = 0; i < 3; ++i) CHECK(other.provider_hash("p" + std::to_string(i)) == hash);
+      CHECK(checkpoint_true_is_pub(other.run_dir()));
+      for (const auto& h : hashes) CHECK(hash != h);
+      hashes.push_back(hash);
+    }
     // The round's bundle holds the three frames; each provider is sent it without its own:
     // 3 × bundle − Σ frames, to the byte (rounds after the first: nothing else went down).
     const auto& rounds = run.verdicts.rounds;
