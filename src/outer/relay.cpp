@@ -1,9 +1,9 @@
 #include "outer/relay.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
-#include <algorithm>
 
 #include "compress/error.h"
 #include "compress/torch_adapter.h"
@@ -135,6 +135,15 @@ int64_t block_of(const compress::Decoder& decoder, const RelayPart& p) {
   return block > 0 ? block : std::numeric_limits<int64_t>::max() / 2;
 }
 
+// f(lo, hi) for each block of `block` elements of each of `part`'s slots, from the slot's start
+// (its last block may be short), in slot order: the blocks a topk frame chose its values in.
+template <class F>
+void for_each_block(const common::FlatLayout& part, int64_t block, F&& f) {
+  for (const auto& s : part.slots) {
+    for (int64_t o = 0; o < s.numel; o += block) f(s.offset + o, s.offset + std::min(s.numel, o + block));
+  }
+}
+
 }  // namespace
 
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
@@ -171,16 +180,13 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
       }
     }
     if (!clipped) continue;
-    const int64_t block = block_of(decoder, p);
-    for (const auto& s : part.slots) {
-      for (int64_t o = 0; o < s.numel; o += block) {
-        float least = std::numeric_limits<float>::infinity();
-        for (int64_t i = s.offset + o; i < s.offset + std::min(s.numel, o + block); ++i) {
-          if (x[i] != 0.0f) least = std::min(least, std::fabs(x[i]));
-        }
-        least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
+    for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
+      float least = std::numeric_limits<float>::infinity();
+      for (int64_t i = lo; i < hi; ++i) {
+        if (x[i] != 0.0f) least = std::min(least, std::fabs(x[i]));
       }
-    }
+      least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
+    });
   }
   const auto sum = static_cast<float>(b.weight_sum);
   if (clipped) {
@@ -198,17 +204,13 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
       float* x = buf.values.data_ptr<float>();
       compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
       const auto w = static_cast<float>(p.weight);
-      const int64_t block = block_of(decoder, p);
-      size_t blk = 0;
-      for (const auto& s : part.slots) {
-        for (int64_t o = 0; o < s.numel; o += block, ++blk) {
-          const float f = least_sent[q][blk];
-          for (int64_t i = s.offset + o; i < s.offset + std::min(s.numel, o + block); ++i) {
-            if (x[i] != 0.0f) continue;
-            e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
-          }
+      size_t blk = 0;  // the blocks in pass one's order
+      for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
+        const float f = least_sent[q][blk++];
+        for (int64_t i = lo; i < hi; ++i) {
+          if (x[i] == 0.0f) e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
         }
-      }
+      });
     }
   }
   // The new θ into acc first: θ stays as it was unless every value is finite.

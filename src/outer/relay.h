@@ -65,10 +65,11 @@ std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiv
 RelayBundle read_relay(const net::Frame& bundle);
 
 // Model-sized scratch for apply_relay, allocated on first use and kept: the sum, one frame's
-// values (a weight other than 1, or "present"), and the weight present at each element
-// ("present" only).
+// values (a weight other than 1, "present" or "clipped"), the weight present at each element
+// ("present"; "clipped", where it then becomes the senders' mean), and the credits of those
+// that did not send ("clipped" only).
 struct RelayBuffers {
-  torch::Tensor acc, values, present, extra;  // extra: "clipped" only
+  torch::Tensor acc, values, present, extra;
 };
 
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the

@@ -961,12 +961,16 @@ TEST_SUITE("outer") {
     // The rule by hand, one float operation at a time: Σ wₖ·xₖ in part order, divided by every
     // part's weight (4) or, "present", by the weight of the parts nonzero there; lr · d is one
     // rounding, then the subtraction's.
-    const auto by_hand = [&](int64_t i, bool present) {
+    const auto sums = [&](int64_t i) {  // Σ wₖ·xₖ, and the weight of the parts nonzero at i
       float a = 0.0f, w = 0.0f;
       for (const auto& [v, wk] : parts) {
         a = a + wk * v[i];
         if (v[i] != 0.0f) w = w + wk;
       }
+      return std::pair{a, w};
+    };
+    const auto by_hand = [&](int64_t i, bool present) {
+      const auto [a, w] = sums(i);
       const float d = !present ? a / 4.0f : w > 0.0f ? a / w : 0.0f;
       return t0[i] - 0.75f * d;
     };
@@ -1040,11 +1044,7 @@ TEST_SUITE("outer") {
       CHECK_FALSE(outer::apply_relay(dec, b, clipped, layout, common::RelayMean::kClipped, clip, buf4).has_value());
       int64_t credited = 0, capped = 0;
       for (int64_t i = 0; i < layout.numel; ++i) {
-        float a = 0.0f, w = 0.0f;
-        for (const auto& [v, wk] : parts) {
-          a = a + wk * v[i];
-          if (v[i] != 0.0f) w = w + wk;
-        }
+        const auto [a, w] = sums(i);
         const float m = w > 0.0f ? a / w : 0.0f;
         float extra = 0.0f;
         for (const auto& [v, wk] : parts) {
