@@ -159,8 +159,10 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     if (present) std::fill(c + s.offset, c + s.offset + s.numel, 0.0f);
   }
   // "clipped": each frame's smallest magnitude sent in each block (its slots' blocks in order),
-  // times outer.relay_clip; a block it sent nothing in has 0.
+  // times outer.relay_clip; a block it sent nothing in has 0. And the elements it sent, in the
+  // same order (flat indices): the second pass walks them instead of decoding the frame again.
   std::vector<std::vector<float>> least_sent(clipped ? b.parts.size() : 0);
+  std::vector<std::vector<int64_t>> sent_at(clipped ? b.parts.size() : 0);
   const auto alpha = static_cast<float>(clip);
   for (size_t q = 0; q < b.parts.size(); ++q) {
     const RelayPart& p = b.parts[q];
@@ -183,7 +185,9 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
       float least = std::numeric_limits<float>::infinity();
       for (int64_t i = lo; i < hi; ++i) {
-        if (x[i] != 0.0f) least = std::min(least, std::fabs(x[i]));
+        if (x[i] == 0.0f) continue;
+        least = std::min(least, std::fabs(x[i]));
+        sent_at[q].push_back(i);
       }
       least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
     });
@@ -201,14 +205,17 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     }
     for (size_t q = 0; q < b.parts.size(); ++q) {
       const RelayPart& p = b.parts[q];
-      float* x = buf.values.data_ptr<float>();
-      compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
       const auto w = static_cast<float>(p.weight);
-      size_t blk = 0;  // the blocks in pass one's order
+      const std::vector<int64_t>& sent = sent_at[q];
+      size_t blk = 0, next = 0;  // the blocks and the sent elements in pass one's order
       for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
         const float f = least_sent[q][blk++];
         for (int64_t i = lo; i < hi; ++i) {
-          if (x[i] == 0.0f) e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+          if (next < sent.size() && sent[next] == i) {
+            ++next;
+            continue;
+          }
+          e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
         }
       });
     }

@@ -75,7 +75,8 @@ struct RelayBuffers {
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
 // divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent); kClipped
 // as above, with `clip` (outer.relay_clip; unused otherwise) and each frame's own block size.
-// Every frame is decoded and checked before θ is touched ("clipped" decodes each twice); a
+// Every frame is decoded once and checked before θ is touched ("clipped" also keeps the flat
+// index of every value sent, 8 bytes each, for its second pass); a
 // result that is not finite leaves θ as it was and returns where (flat index). Parts flagged
 // `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
