@@ -162,7 +162,9 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
   // times outer.relay_clip; a block it sent nothing in has 0. And the elements it sent, in the
   // same order (flat indices): the second pass walks them instead of decoding the frame again.
   std::vector<std::vector<float>> least_sent(clipped ? b.parts.size() : 0);
-  std::vector<std::vector<int64_t>> sent_at(clipped ? b.parts.size() : 0);
+  std::vector<std::vector<int64_t>>& sent_at = buf.sent_at;
+  if (sent_at.size() < b.parts.size()) sent_at.resize(b.parts.size());
+  for (auto& v : sent_at) v.clear();  // their capacity is kept from round to round
   const auto alpha = static_cast<float>(clip);
   for (size_t q = 0; q < b.parts.size(); ++q) {
     const RelayPart& p = b.parts[q];
@@ -175,21 +177,24 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     float* x = sized(buf.values, theta);
     compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
     const auto w = static_cast<float>(p.weight);
-    for (const auto& s : part.slots) {
-      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-        a[i] = a[i] + w * x[i];
-        if (present && x[i] != 0.0f) c[i] = c[i] + w;
+    if (!present) {
+      for (const auto& s : part.slots) {
+        for (int64_t i = s.offset; i < s.offset + s.numel; ++i) a[i] = a[i] + w * x[i];
       }
+      continue;
     }
-    if (!clipped) continue;
+    // Only the elements it sent: adding w·0 elsewhere would change nothing (acc is never −0).
     for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
       float least = std::numeric_limits<float>::infinity();
       for (int64_t i = lo; i < hi; ++i) {
         if (x[i] == 0.0f) continue;
+        a[i] = a[i] + w * x[i];
+        c[i] = c[i] + w;
+        if (!clipped) continue;
         least = std::min(least, std::fabs(x[i]));
         sent_at[q].push_back(i);
       }
-      least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
+      if (clipped) least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
     });
   }
   const auto sum = static_cast<float>(b.weight_sum);
@@ -210,12 +215,11 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
       size_t blk = 0, next = 0;  // the blocks and the sent elements in pass one's order
       for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
         const float f = least_sent[q][blk++];
+        // The runs between the elements this frame sent, each a loop of its own.
         for (int64_t i = lo; i < hi; ++i) {
-          if (next < sent.size() && sent[next] == i) {
-            ++next;
-            continue;
-          }
-          e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+          const int64_t stop = next < sent.size() && sent[next] < hi ? sent[next] : hi;
+          for (; i < stop; ++i) e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+          next += i < hi ? 1 : 0;  // i is a sent element: skipped
         }
       });
     }

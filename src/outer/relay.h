@@ -70,6 +70,7 @@ RelayBundle read_relay(const net::Frame& bundle);
 // that did not send ("clipped" only).
 struct RelayBuffers {
   torch::Tensor acc, values, present, extra;
+  std::vector<std::vector<int64_t>> sent_at;  // "clipped": each frame's sent elements
 };
 
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
