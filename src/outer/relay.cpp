@@ -159,12 +159,15 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     if (present) std::fill(c + s.offset, c + s.offset + s.numel, 0.0f);
   }
   // "clipped": each frame's smallest magnitude sent in each block (its slots' blocks in order),
-  // times outer.relay_clip; a block it sent nothing in has 0. And the elements it sent, in the
-  // same order (flat indices): the second pass walks them instead of decoding the frame again.
+  // times outer.relay_clip; a block it sent nothing in has 0. And the elements it sent, one
+  // bit each by flat index: the second pass reads them instead of decoding the frame again.
   std::vector<std::vector<float>> least_sent(clipped ? b.parts.size() : 0);
-  std::vector<std::vector<int64_t>>& sent_at = buf.sent_at;
-  if (sent_at.size() < b.parts.size()) sent_at.resize(b.parts.size());
-  for (auto& v : sent_at) v.clear();  // their capacity is kept from round to round
+  std::vector<std::vector<uint64_t>>& sent = buf.sent;
+  if (clipped) {
+    const auto words = static_cast<size_t>((theta.numel() + 63) / 64);
+    if (sent.size() < b.parts.size()) sent.resize(b.parts.size());
+    for (size_t q = 0; q < b.parts.size(); ++q) sent[q].assign(words, 0);  // capacity kept
+  }
   const auto alpha = static_cast<float>(clip);
   for (size_t q = 0; q < b.parts.size(); ++q) {
     const RelayPart& p = b.parts[q];
@@ -192,7 +195,7 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
         c[i] = c[i] + w;
         if (!clipped) continue;
         least = std::min(least, std::fabs(x[i]));
-        sent_at[q].push_back(i);
+        sent[q][static_cast<size_t>(i) >> 6] |= uint64_t{1} << (i & 63);
       }
       if (clipped) least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
     });
@@ -211,15 +214,18 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     for (size_t q = 0; q < b.parts.size(); ++q) {
       const RelayPart& p = b.parts[q];
       const auto w = static_cast<float>(p.weight);
-      const std::vector<int64_t>& sent = sent_at[q];
-      size_t blk = 0, next = 0;  // the blocks and the sent elements in pass one's order
+      const uint64_t* bits = sent[q].data();
+      size_t blk = 0;  // the blocks in pass one's order
       for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
         const float f = least_sent[q][blk++];
-        // The runs between the elements this frame sent, each a loop of its own.
-        for (int64_t i = lo; i < hi; ++i) {
-          const int64_t stop = next < sent.size() && sent[next] < hi ? sent[next] : hi;
-          for (; i < stop; ++i) e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
-          next += i < hi ? 1 : 0;  // i is a sent element: skipped
+        // Without a branch: where it sent, + 0 (e is never −0, so that changes nothing).
+        for (int64_t i = lo; i < hi;) {
+          const int64_t end = std::min(hi, (i | 63) + 1);  // to the end of i's 64-bit word
+          const uint64_t word = bits[static_cast<size_t>(i) >> 6];
+          for (; i < end; ++i) {
+            const float credit = w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+            e[i] = e[i] + (((word >> (i & 63)) & 1u) != 0 ? 0.0f : credit);
+          }
         }
       });
     }

@@ -67,19 +67,18 @@ RelayBundle read_relay(const net::Frame& bundle);
 // Model-sized scratch for apply_relay, allocated on first use and kept: the sum, one frame's
 // values (a weight other than 1, "present" or "clipped"), the weight present at each element
 // ("present"; "clipped", where it then becomes the senders' mean), and the credits of those
-// that did not send ("clipped" only); and for "clipped", each frame's sent elements as flat
-// indices (8 bytes a value sent: about 35 MB a frame at 101 M and 176 of 4096), whose capacity
-// is kept from round to round.
+// that did not send ("clipped" only); and for "clipped", which elements each frame sent, one
+// bit per element of the model (N / 8 bytes a frame: 12.6 MB at 101 M).
 struct RelayBuffers {
   torch::Tensor acc, values, present, extra;
-  std::vector<std::vector<int64_t>> sent_at;
+  std::vector<std::vector<uint64_t>> sent;
 };
 
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
 // divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent); kClipped
 // as above, with `clip` (outer.relay_clip; unused otherwise) and each frame's own block size.
-// Every frame is decoded once and checked before θ is touched ("clipped"'s second pass walks
-// the sent lists instead); a result that is not finite leaves θ as it was and returns where
+// Every frame is decoded once and checked before θ is touched ("clipped"'s second pass reads
+// the sent bits instead); a result that is not finite leaves θ as it was and returns where
 // (flat index). Parts flagged `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
