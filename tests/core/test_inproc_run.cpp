@@ -395,8 +395,8 @@ TEST_SUITE("inproc_run") {
     for (int i = 0; i < 3; ++i) CHECK(run.provider_hash("p" + std::to_string(i)) == head->summary().theta_pub_hash);
     CHECK(checkpoint_true_is_pub(run.run_dir()));
     // outer.relay_mean "present" (each element divided by the weight of those who sent it) and
-    // "clipped" (the non-senders credited, relay.h; every frame decoded twice): a different θ
-    // each, the same on every replica.
+    // "clipped" (the non-senders credited, relay.h): a different θ each, the same on every
+    // replica.
     std::vector<std::string> hashes{head->summary().theta_pub_hash};
     for (const auto mean : {common::RelayMean::kPresent, common::RelayMean::kClipped}) {
       CAPTURE(common::to_string(mean));
