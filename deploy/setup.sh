@@ -19,6 +19,8 @@ PACKAGES=(
   bible-kjv dataset-fashion-mnist
   # reference implementation for benchmarks and the Python checkpoint reader in tests
   python3 python3-torch python3-numpy
+  # Akash's SDL schema validator in the tests (deploy.akash_sdl)
+  python3-jsonschema python3-yaml
   # network tests (namespaces, rate limits)
   iproute2 procps
   # promtool, which lints the head's /metrics in the tests
