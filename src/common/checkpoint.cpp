@@ -11,6 +11,8 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/json_text.h"
+#include "common/text.h"
 
 namespace xloco::common {
 namespace fs = std::filesystem;
@@ -83,12 +85,12 @@ std::string write_checkpoint(const std::string& root, const std::string& name,
                         [&d](const uint8_t* p, size_t n) { d.add(p, n); });
       manifest[file] = d.entry();
     }
-    const std::string state = contents.state.dump(2) + "\n";
+    const std::string state = json_dump(contents.state, 2) + "\n";
     write_file_atomic((tmp / "state.json").string(), state);
     Digest d;
     d.add(reinterpret_cast<const uint8_t*>(state.data()), state.size());
     manifest["state.json"] = d.entry();
-    write_file_atomic((tmp / kManifestFile).string(), manifest.dump(2) + "\n");
+    write_file_atomic((tmp / kManifestFile).string(), json_dump(manifest, 2) + "\n");
     fsync_dir(tmp.string());
     // The good copy of NAME (a checkpoint of the same round, re-written) goes aside, not away,
     // until the new one has its name.
@@ -134,23 +136,33 @@ std::optional<std::string> verify_checkpoint(const std::string& dir, bool* legac
   if (manifest.is_discarded() || !manifest.is_object() || manifest.empty()) {
     return fmt::format("{} is not a JSON object of files", kManifestFile);
   }
+  // Every field is checked for its type before it is read: a manifest of any content gives a
+  // reason (and the caller falls back), never an exception.
   for (auto it = manifest.begin(); it != manifest.end(); ++it) {
-    const fs::path file = d / it.key();
-    if (it.key().find('/') != std::string::npos || !it->is_object()) {
-      return fmt::format("{} lists a bad entry \"{}\"", kManifestFile, it.key());
+    const std::string name = printable(it.key(), 128);
+    if (name != it.key() || it.key().find('/') != std::string::npos || it.key() == ".." ||
+        !it->is_object()) {
+      return fmt::format("{} lists a bad entry \"{}\"", kManifestFile, name);
     }
-    if (!fs::exists(file)) return fmt::format("{} is missing", it.key());
+    const auto bytes_field = it->find("bytes");
+    const auto hash_field = it->find("blake2b");
+    if (bytes_field == it->end() || !bytes_field->is_number_unsigned() || hash_field == it->end() ||
+        !hash_field->is_string()) {
+      return fmt::format("{} gives {} no byte count and hash", kManifestFile, name);
+    }
+    const fs::path file = d / it.key();
+    if (!fs::exists(file)) return fmt::format("{} is missing", name);
     try {
       const auto [bytes, hash] = file_digest(file);
-      if (bytes != it->value("bytes", uint64_t{0})) {
-        return fmt::format("{} has {} bytes, the manifest says {}", it.key(), bytes,
-                           it->value("bytes", uint64_t{0}));
+      if (bytes != bytes_field->get<uint64_t>()) {
+        return fmt::format("{} has {} bytes, the manifest says {}", name, bytes,
+                           bytes_field->get<uint64_t>());
       }
-      if (hash != it->value("blake2b", std::string())) {
-        return fmt::format("{} does not match its hash in the manifest (corrupted)", it.key());
+      if (hash != hash_field->get<std::string>()) {
+        return fmt::format("{} does not match its hash in the manifest (corrupted)", name);
       }
-    } catch (const IoError& e) {
-      return e.what();
+    } catch (const std::exception& e) {
+      return printable(e.what(), 512);
     }
   }
   return std::nullopt;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_text.h"
 #include "common/metrics.h"
 
 namespace xloco::common {
@@ -387,7 +388,7 @@ json to_json(const Config& c_in) {
   return j;
 }
 
-std::string to_json_string(const Config& c) { return to_json(c).dump(2); }
+std::string to_json_string(const Config& c) { return json_dump(to_json(c), 2); }
 
 const char* to_string(DatasetKind kind) { return name_of(kind); }
 const char* to_string(Sharding sharding) { return name_of(sharding); }
@@ -447,7 +448,7 @@ std::string config_hash(const Config& c) {
                              "providers", "min_providers"}) {
     j["outer"].erase(timing);  // the head's business: providers need not agree on them
   }
-  const std::string text = j.dump();
+  const std::string text = json_dump(j);
   return hash_hex(text.data(), text.size());
 }
 

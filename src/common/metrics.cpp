@@ -1,4 +1,5 @@
 #include "common/metrics.h"
+#include "common/json_text.h"
 
 #include <fcntl.h>
 #include <sodium.h>
@@ -31,7 +32,7 @@ JsonlWriter::~JsonlWriter() {
 
 void JsonlWriter::write(const nlohmann::json& record) {
   if (fd_ < 0) return;
-  const std::string line = record.dump() + "\n";
+  const std::string line = json_dump(record) + "\n";
   const off_t end = ::lseek(fd_, 0, SEEK_END);
   try {
     write_all(fd_, line.data(), line.size(), path_);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace xloco::common {
 namespace {
@@ -41,7 +42,7 @@ size_t dtype_size(const std::string& dtype) {
       {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
       {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"U64", 8}, {"U32", 4}};
   auto it = sizes.find(dtype);
-  XLOCO_ENFORCE(it != sizes.end(), IoError, "safetensors: unknown dtype \"{}\"", dtype);
+  XLOCO_ENFORCE(it != sizes.end(), IoError, "safetensors: unknown dtype \"{}\"", printable(dtype, 32));
   return it->second;
 }
 
@@ -154,7 +155,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
     if (it.key() == "__metadata__") {
       XLOCO_ENFORCE(it->is_object(), IoError, "{}: __metadata__ is not an object", path);
       for (auto m = it->begin(); m != it->end(); ++m) {
-        XLOCO_ENFORCE(m->is_string(), IoError, "{}: metadata {} is not a string", path, m.key());
+        XLOCO_ENFORCE(m->is_string(), IoError, "{}: metadata {} is not a string", path, printable(m.key(), 64));
         file.metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -165,9 +166,11 @@ SafetensorsFile read_safetensors(const std::string& path) {
                       v.contains("data_offsets") && v["data_offsets"].is_array() &&
                       v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned() &&
                       v["data_offsets"][1].is_number_unsigned(),
-                  IoError, "{}: tensor {} has a malformed header entry", path, it.key());
+                  IoError, "{}: tensor {} has a malformed header entry", path, printable(it.key(), 200));
     Entry e;
-    e.blob.name = it.key();
+    e.blob.name = printable(it.key(), 200);  // a file's bytes: quoted escaped from here on
+    XLOCO_ENFORCE(e.blob.name == it.key(), IoError, "{}: tensor name {} is not printable ASCII", path,
+                  e.blob.name);
     e.blob.dtype = v["dtype"].get<std::string>();
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
@@ -189,6 +192,21 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  // As the reference implementation requires: the tensors tile the data section, each one
+  // starting where the one before ends and the last ending at the file's end, so that no byte
+  // is read twice (overlapping entries would let a small file allocate without bound).
+  uint64_t at = 0;
+  for (const auto& e : entries) {
+    XLOCO_ENFORCE(e.begin == at, IoError,
+                  "{}: tensor {} data_offsets [{}, {}] {} (the data must be contiguous, in "
+                  "offset order, without overlaps)",
+                  path, e.blob.name, e.begin, e.end,
+                  e.begin < at ? fmt::format("overlap the tensor before, which ends at {}", at)
+                               : fmt::format("leave a gap after byte {}", at));
+    at = e.end;
+  }
+  XLOCO_ENFORCE(at == data_size, IoError, "{}: the tensors end at data byte {}, the file's data section holds {}",
+                path, at, data_size);
   for (auto& e : entries) {
     e.blob.data.resize(e.end - e.begin);
     in.seekg(static_cast<std::streamoff>(8 + hlen + e.begin));

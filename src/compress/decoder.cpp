@@ -8,11 +8,15 @@
 #include <new>
 #include <string>
 
+#include "common/text.h"
 #include "compress/error.h"
 #include "compress/kernels.h"
 
 namespace xloco::compress {
 namespace {
+
+// A tensor name from a frame is a peer's bytes: quoted escaped and bounded (design §10).
+std::string quote(const std::string& name) { return common::printable(name, 96); }
 
 std::string describe_content_size(unsigned long long declared) {
   if (declared == ZSTD_CONTENTSIZE_ERROR) return "is not a zstd frame";
@@ -59,12 +63,12 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
     const TensorEntry& e = info.tensors[i];
     const TensorRef& t = targets[i];
     XLOCO_FRAME_ENFORCE(t.name == e.name, kMismatch, "tensor #{}: frame has '{}', target is '{}'",
-                        i, e.name, t.name);
+                        i, quote(e.name), t.name);
     XLOCO_FRAME_ENFORCE(t.shape == e.shape, kMismatch,
-                        "tensor '{}': frame shape [{}], target shape [{}]", e.name,
+                        "tensor '{}': frame shape [{}], target shape [{}]", quote(e.name),
                         fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
     XLOCO_FRAME_ENFORCE(t.data != nullptr || e.numel == 0, kMismatch,
-                        "tensor '{}': target has no buffer for {} elements", e.name, e.numel);
+                        "tensor '{}': target has no buffer for {} elements", quote(e.name), e.numel);
   }
 
   // From here the payload size equals what the targets need, so allocating it is bounded.
@@ -93,14 +97,14 @@ void Decoder::check_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
                                       : fmt::format("frame offset {}", info.stored_offset + at);
   XLOCO_FRAME_ENFORCE(
       defect->defect != kernels::Defect::kNonFinite, kNonFinite,
-      "tensor '{}' (#{}): NaN or Inf {} at {}", e.name, i,
+      "tensor '{}' (#{}): NaN or Inf {} at {}", quote(e.name), i,
       info.codec == Codec::kFp32 || info.codec == Codec::kBf16 ? "value" : "scale", where);
   XLOCO_FRAME_ENFORCE(defect->defect != kernels::Defect::kBadIndex, kCorrupt,
                       "tensor '{}' (#{}): topk position gap at {} puts a position outside its "
                       "block of {} or repeats one (a zero gap after the first)",
-                      e.name, i, where, info.block_size);
+                      quote(e.name), i, where, info.block_size);
   XLOCO_FRAME_ENFORCE(false, kCorrupt,
-                      "tensor '{}' (#{}): block scale at {} is negative or above 2^120", e.name, i,
+                      "tensor '{}' (#{}): block scale at {} is negative or above 2^120", quote(e.name), i,
                       where);
 }
 

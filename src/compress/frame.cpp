@@ -5,12 +5,16 @@
 #include <cstring>
 #include <limits>
 
+#include "common/text.h"
 #include "compress/error.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
 
 namespace xloco::compress {
 namespace {
+
+// A tensor name from a frame is a peer's bytes: quoted escaped and bounded (design §10).
+std::string quote(const std::string& name) { return common::printable(name, 96); }
 
 // Smallest table entry: u16 name_len, u8 rank, u64 offset, u64 bytes.
 constexpr uint64_t kMinEntryBytes = 2 + 1 + 8 + 8;
@@ -76,7 +80,7 @@ TensorEntry read_entry(TableReader& table, uint64_t index, uint64_t expected_off
   e.name = table.read_string(name_len, "name");
   const auto rank = table.read<uint8_t>("rank");
   XLOCO_FRAME_ENFORCE(rank <= limits.max_rank, kOverLimit, "tensor '{}' (#{}): rank {}, limit {}",
-                      e.name, index, rank, limits.max_rank);
+                      quote(e.name), index, rank, limits.max_rank);
   e.numel = 1;
   e.shape.reserve(rank);
   for (uint8_t d = 0; d < rank; ++d) {
@@ -86,7 +90,7 @@ TensorEntry read_entry(TableReader& table, uint64_t index, uint64_t expected_off
                             (dim == 0 || e.numel <= limits.max_tensor_elements / dim),
                         kOverLimit,
                         "tensor '{}' (#{}): dimension {} = {} exceeds the limit of {} elements",
-                        e.name, index, d, dim, limits.max_tensor_elements);
+                        quote(e.name), index, d, dim, limits.max_tensor_elements);
     e.numel *= dim;
     e.shape.push_back(static_cast<int64_t>(dim));
   }
@@ -97,7 +101,7 @@ TensorEntry read_entry(TableReader& table, uint64_t index, uint64_t expected_off
   XLOCO_FRAME_ENFORCE(e.offset == expected_offset && e.bytes == expected_bytes, kCorrupt,
                       "tensor '{}' (#{}): payload range [{}, +{}) where {} {} elements need "
                       "[{}, +{})",
-                      e.name, index, e.offset, e.bytes, to_string(info.codec), e.numel,
+                      quote(e.name), index, e.offset, e.bytes, to_string(info.codec), e.numel,
                       expected_offset, expected_bytes);
   return e;
 }

@@ -37,11 +37,42 @@ class ScriptNet : public Net {
                                     "TorchScript module ({})",
                                     path_, script_first_line(e.what_without_backtrace())));
     }
+    check_graph_ops();
     check_forward();
     has_logits_ = module_.find_method("logits").has_value();
     can_sample_ = module_.find_method("sample").has_value();
     if (has_logits_) context_ = config.model.seq_len;
     collect_state();
+  }
+
+  // A model file is code, run on the head and on every provider (design §10): before anything
+  // of it runs, every function it holds (methods of every submodule and the functions they call)
+  // is scanned, and only LibTorch's own operators (aten::, prim::) are allowed, less those that
+  // read or write files. A graph with any other operator (a custom op library, file I/O) is
+  // refused naming it. The scan does not make an untrusted file safe: README says to trust it.
+  void check_graph_ops() {
+    static const std::unordered_set<std::string> kFileOps = {
+        "aten::from_file", "aten::save", "aten::load", "aten::_load_for_mobile",
+        "aten::_save_for_mobile", "aten::_save_parameters", "aten::_load_parameters"};
+    const auto cu = module_._ivalue()->compilation_unit();
+    for (torch::jit::Function* fn : cu->get_functions()) {
+      if (!fn->isGraphFunction()) continue;
+      std::vector<torch::jit::Block*> blocks{torch::jit::toGraphFunction(*fn).graph()->block()};
+      while (!blocks.empty()) {
+        torch::jit::Block* b = blocks.back();
+        blocks.pop_back();
+        for (torch::jit::Node* n : b->nodes()) {
+          for (torch::jit::Block* inner : n->blocks()) blocks.push_back(inner);
+          const std::string op = n->kind().toQualString();
+          const bool ours = op.rfind("aten::", 0) == 0 || op.rfind("prim::", 0) == 0;
+          XLOCO_ENFORCE(ours && !kFileOps.count(op), ConfigError,
+                        "model.path {}: {} uses {}, {}; xloco runs only graphs of LibTorch's own "
+                        "operators that touch no files (a model file is code: see README)",
+                        path_, fn->qualname().qualifiedName(), op,
+                        ours ? "which reads or writes files" : "an operator from outside LibTorch");
+        }
+      }
+    }
   }
 
   torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) override {

@@ -8,6 +8,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
+#include "common/text.h"
+
 namespace xloco::net {
 namespace {
 
@@ -32,6 +35,9 @@ std::optional<E> parse_name(const std::array<const char*, N>& names, std::string
   return std::nullopt;
 }
 
+// A peer's JSON value quoted in a refusal: serialised without throwing, escaped, bounded.
+std::string shown(const json& value) { return common::printable(common::json_dump(value), 96); }
+
 [[noreturn]] void fail(ProtocolErrorKind kind, const std::string& what) {
   throw ProtocolError(kind, fmt::format("protocol error ({}): {}", to_string(kind), what));
 }
@@ -46,7 +52,7 @@ std::uint64_t unsigned_field(const json& header, const char* name) {
   const json& value = field(header, name);
   if (!value.is_number_unsigned()) {
     fail(ProtocolErrorKind::kBadField,
-         fmt::format("\"{}\" must be a non-negative integer, got {}", name, value.dump()));
+         fmt::format("\"{}\" must be a non-negative integer, got {}", name, shown(value)));
   }
   return value.get<std::uint64_t>();
 }
@@ -55,7 +61,7 @@ double nonnegative_field(const json& header, const char* name) {
   const json& value = field(header, name);
   if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
     fail(ProtocolErrorKind::kBadField,
-         fmt::format("\"{}\" must be a finite number >= 0, got {}", name, value.dump()));
+         fmt::format("\"{}\" must be a finite number >= 0, got {}", name, shown(value)));
   }
   return value.get<double>();
 }
@@ -64,7 +70,7 @@ std::string string_field(const json& header, const char* name) {
   const json& value = field(header, name);
   if (!value.is_string()) {
     fail(ProtocolErrorKind::kBadField,
-         fmt::format("\"{}\" must be a string, got {}", name, value.dump()));
+         fmt::format("\"{}\" must be a string, got {}", name, shown(value)));
   }
   return value.get<std::string>();
 }
@@ -117,7 +123,7 @@ Hello read(const json& h, const Message&, Hello*) {
   if (!shard.is_number_integer() || shard.get<std::int64_t>() < -1 ||
       shard.get<std::int64_t>() >= 65536) {
     fail(ProtocolErrorKind::kBadField,
-         fmt::format("\"shard\" must be -1 (any) or a shard index below 65536, got {}", shard.dump()));
+         fmt::format("\"shard\" must be -1 (any) or a shard index below 65536, got {}", shown(shard)));
   }
   m.shard = shard.get<std::int64_t>();
   return m;
@@ -151,7 +157,7 @@ Bye read(const json& h, const Message&, Bye*) { return {string_field(h, "reason"
 ErrorReply read(const json& h, const Message&, ErrorReply*) {
   const std::string code = string_field(h, "code");
   const auto parsed = parse_refusal_code(code);
-  if (!parsed) fail(ProtocolErrorKind::kBadField, fmt::format("\"code\" {} names no refusal", json(code).dump()));
+  if (!parsed) fail(ProtocolErrorKind::kBadField, fmt::format("\"code\" {} names no refusal", shown(json(code))));
   return {*parsed, string_field(h, "reason")};
 }
 
@@ -225,7 +231,7 @@ Message encode(const Envelope& envelope) {
                  {"round", envelope.round}};
   Message message(1);
   std::visit([&](const auto& body) { write(body, header, message); }, envelope.body);
-  message[0] = Frame(std::string_view(header.dump()));
+  message[0] = Frame(std::string_view(common::json_dump(header)));
   return message;
 }
 
@@ -234,22 +240,22 @@ Envelope decode(const Message& message, std::string_view expected_run) {
 
   const json& version = field(header, "v");
   if (!version.is_number_integer()) {
-    fail(ProtocolErrorKind::kBadField, fmt::format("\"v\" must be an integer, got {}", version.dump()));
+    fail(ProtocolErrorKind::kBadField, fmt::format("\"v\" must be an integer, got {}", shown(version)));
   }
   if (version.get<std::int64_t>() != kProtocolVersion) {
     fail(ProtocolErrorKind::kWrongVersion,
-         fmt::format("protocol version {}, this build speaks {}", version.dump(), kProtocolVersion));
+         fmt::format("protocol version {}, this build speaks {}", shown(version), kProtocolVersion));
   }
 
   const std::string type_name = string_field(header, "type");
   const auto type = parse_message_type(type_name);
-  if (!type) fail(ProtocolErrorKind::kUnknownType, fmt::format("unknown type \"{}\"", type_name));
+  if (!type) fail(ProtocolErrorKind::kUnknownType, fmt::format("unknown type \"{}\"", common::printable(type_name, 64)));
 
   Envelope envelope;
   envelope.run = string_field(header, "run");
   if (envelope.run != expected_run) {
     fail(ProtocolErrorKind::kWrongRun,
-         fmt::format("message for run \"{}\", this is run \"{}\"", envelope.run, expected_run));
+         fmt::format("message for run \"{}\", this is run \"{}\"", common::printable(envelope.run, 96), expected_run));
   }
   envelope.round = unsigned_field(header, "round");
   envelope.body = read_body<0>(static_cast<std::size_t>(*type), header, message);

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 
 #include "compress/error.h"
 #include "compress/torch_adapter.h"
@@ -11,25 +13,34 @@
 
 namespace xloco::outer {
 
-NormVerdict judge_norm(double norm, std::vector<double> reference, double bound, bool final_pass) {
+NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expected, double bound,
+                       bool final_pass) {
   if (bound <= 0) return {NormAction::kAccept, "outer.norm_bound is 0: norms are not judged"};
-  if (reference.empty()) {
-    if (final_pass) return {NormAction::kAccept, "no peer's norm to compare it with"};
-    return {NormAction::kWait, "waits for a peer's norm to compare it with"};
-  }
-  const auto mid = reference.begin() + static_cast<std::ptrdiff_t>(reference.size() / 2);
-  std::nth_element(reference.begin(), mid, reference.end());
-  double median = *mid;
-  if (reference.size() % 2 == 0) {
-    median = (median + *std::max_element(reference.begin(), mid)) / 2;
-  }
-  if (median > 0 && norm > bound * median) {
+  // Zero (or negative, never measured) norms say nothing of an honest scale: they do not count
+  // toward the quorum and cannot pull the median down.
+  reference.erase(std::remove_if(reference.begin(), reference.end(),
+                                 [](double r) { return !(r > 0) || !std::isfinite(r); }),
+                  reference.end());
+  const size_t quorum = expected / 2 + 1;
+  if (reference.size() < quorum) {
+    if (!final_pass) return {NormAction::kWait, "waits for a quorum of norms to compare it with"};
     return {NormAction::kRefuse,
-            fmt::format("its norm {:.4g} is {:.3g}× the median {:.4g} of its peers' (over "
-                        "outer.norm_bound {:g})",
-                        norm, norm / median, median, bound)};
+            fmt::format("no quorum to judge it: {} providers' norms, {} needed (more than half of "
+                        "the round's {})", reference.size(), quorum, expected)};
   }
-  return {NormAction::kAccept, fmt::format("norm {:.4g}, median of its peers' {:.4g}", norm, median)};
+  // The lower median: with fewer than half of the norms from a coalition, it is an honest one
+  // (one norm per provider, so no provider counts twice).
+  const auto mid = reference.begin() + static_cast<std::ptrdiff_t>((reference.size() - 1) / 2);
+  std::nth_element(reference.begin(), mid, reference.end());
+  const double median = *mid;
+  if (!(norm <= bound * median)) {  // NaN is refused too
+    return {NormAction::kRefuse,
+            fmt::format("its norm {:.4g} is {:.3g}× the median {:.4g} of {} providers' (over "
+                        "outer.norm_bound {:g})",
+                        norm, norm / median, median, reference.size(), bound)};
+  }
+  return {NormAction::kAccept, fmt::format("norm {:.4g}, median of {} providers' {:.4g}", norm,
+                                           reference.size(), median)};
 }
 
 Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound, bool keep_frames)
@@ -38,8 +49,12 @@ Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound, bool
 void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
                        const common::FlatLayout* part, size_t part_index, bool reference) {
   allowance_ = allowance;
-  if (!accepted_.empty() && reference_) history_[part_index_] = accepted_;
+  if (reference_) {  // each provider's last accepted norm stands until it has a newer one
+    auto& h = history_[part_index_];
+    for (size_t i = 0; i < accepted_.size(); ++i) h[accepted_peers_[i]] = accepted_[i];
+  }
   accepted_.clear();
+  accepted_peers_.clear();
   kept_.clear();
   part_ = part;
   part_index_ = part_index;
@@ -85,6 +100,14 @@ std::vector<Aggregator::Rejected> Aggregator::finish() {
   return rejected;
 }
 
+Aggregator::NormHistory Aggregator::norm_history() const {
+  NormHistory out = history_;
+  if (reference_) {
+    for (size_t i = 0; i < accepted_.size(); ++i) out[part_index_][accepted_peers_[i]] = accepted_[i];
+  }
+  return out;
+}
+
 size_t Aggregator::held_bytes() const {
   size_t n = 0;
   for (const auto& e : order_) n += e.slot == Slot::kHeld ? e.frame.size() : 0;
@@ -93,11 +116,16 @@ size_t Aggregator::held_bytes() const {
 
 std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
   std::vector<Rejected> rejected;
+  // Norms are judged once every expected provider has one (this round's, or its last accepted
+  // one) or at the round's end: the reference is then the same whatever order frames arrived in.
+  bool all_known = true;
+  for (const auto& e : order_) all_known = all_known && (e.norm || history_norm(e.peer));
+  if (!all_known && !final_pass && norm_bound_ > 0) return rejected;
   for (; next_ < order_.size(); ++next_) {
     Entry& e = order_[next_];
     if (e.slot == Slot::kExpected && !final_pass) break;
     if (e.slot == Slot::kHeld) {
-      const auto v = judge_norm(*e.norm, reference_for(e), norm_bound_, final_pass);
+      const auto v = judge_norm(*e.norm, reference(), order_.size(), norm_bound_, true);
       if (v.action == NormAction::kWait) break;
       if (v.action == NormAction::kRefuse) {
         e.frame = {};
@@ -105,7 +133,10 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
       } else {
         auto r = add_now(e);
         rejected.insert(rejected.end(), r.begin(), r.end());
-        if (r.empty()) accepted_.push_back(*e.norm);
+        if (r.empty()) {
+          accepted_.push_back(*e.norm);
+          accepted_peers_.push_back(e.peer);
+        }
       }
     }
     e.slot = Slot::kDone;
@@ -113,11 +144,32 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
   return rejected;
 }
 
-std::vector<double> Aggregator::reference_for(const Entry& e) const {
+std::optional<double> Aggregator::history_norm(const std::string& peer) const {
   const auto h = history_.find(part_index_);
-  std::vector<double> out = h == history_.end() ? std::vector<double>{} : h->second;
+  if (h == history_.end()) return std::nullopt;
+  const auto it = h->second.find(peer);
+  if (it == h->second.end()) return std::nullopt;
+  return it->second;
+}
+
+// One norm per provider: this round's if it has arrived (its own included), else its last
+// accepted one; providers of earlier rounds that are not expected in this one count by their
+// last accepted norm, so a round of few providers is still judged against many.
+std::vector<double> Aggregator::reference() const {
+  std::vector<double> out;
+  std::set<std::string> seen;
   for (const auto& other : order_) {
-    if (&other != &e && other.norm) out.push_back(*other.norm);
+    seen.insert(other.peer);
+    if (other.norm) {
+      out.push_back(*other.norm);
+    } else if (const auto h = history_norm(other.peer)) {
+      out.push_back(*h);
+    }
+  }
+  if (const auto h = history_.find(part_index_); h != history_.end()) {
+    for (const auto& [peer, norm] : h->second) {
+      if (!seen.count(peer)) out.push_back(norm);
+    }
   }
   return out;
 }

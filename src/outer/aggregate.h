@@ -8,15 +8,17 @@
 // the wait costs at most (K − 1) compressed frames of memory, in the worst arrival order.
 //
 // A contribution's norm is measured when it arrives (decompressed, never written anywhere) and
-// judged when its turn comes (judge_norm): beyond outer.norm_bound × the median norm of its
-// peers — the other contributions of this round that have arrived, and those accepted in the
-// last round — it is refused, so that one provider cannot move θ alone however it scales its
-// values. The first contribution of a run waits for a second one to compare it with (or for
-// the round's end). A contribution of fewer tokens than the round allows (a slower provider
-// under outer.round_budget_s) is judged by its norm scaled to a full round (pace.h
-// full_round_norm), and that is the norm its peers are compared with. With a majority of
-// honest providers the median is an honest norm; a majority of colluding providers is not
-// covered (design §7).
+// judged (judge_norm) once every provider expected in the round has a norm — this round's, or
+// the last one accepted from it — or at the round's end: beyond outer.norm_bound × the lower
+// median of one norm per provider (design §10: its own included, each provider once, zero norms
+// left out), it is refused, so that one provider cannot move θ alone however it scales its
+// values. The median needs a quorum of more than half of the round's expected providers; without
+// one at the round's end, nothing is accepted. Round 1 (and the first round after a head
+// restart) therefore waits for every expected frame or the deadline. A contribution of fewer
+// tokens than the round allows (a slower provider under outer.round_budget_s) is judged by its
+// norm scaled to a full round (pace.h full_round_norm), and that is the norm its peers are
+// compared with. With fewer than half of the providers colluding the median is an honest norm;
+// a colluding majority is not covered (design §10).
 #pragma once
 
 #include <cstdint>
@@ -39,10 +41,12 @@ struct NormVerdict {
   NormAction action = NormAction::kAccept;
   std::string reason;
 };
-// A contribution of norm `norm` against the norms of its peers (`reference`): refused beyond
-// `bound` × their median (bound 0: never), accepted when nothing is left to compare it with at
-// the round's end (`final_pass`), else waits for a peer's norm.
-NormVerdict judge_norm(double norm, std::vector<double> reference, double bound, bool final_pass);
+// A contribution of norm `norm` against `reference`, one norm per provider (its own included):
+// refused beyond `bound` × their lower median (bound 0: never judged). Zero norms do not count.
+// With fewer than a quorum (more than half of `expected`, the round's providers) it waits, or at
+// the round's end (`final_pass`) is refused: no quorum, no acceptance.
+NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expected, double bound,
+                       bool final_pass);
 
 class Aggregator {
  public:
@@ -85,6 +89,11 @@ class Aggregator {
   // Norms of the contributions accepted into Δ, in adding order (this round's, until begin()).
   const std::vector<double>& accepted_norms() const { return accepted_; }
   size_t held_bytes() const;               // compressed frames waiting for their turn
+  // The norm reference as a checkpoint keeps it: by fragment index, each provider's last
+  // accepted norm, this round's included. restore_norm_history puts it back on resume.
+  using NormHistory = std::map<size_t, std::map<std::string, double>>;
+  NormHistory norm_history() const;
+  void restore_norm_history(NormHistory history) { history_ = std::move(history); }
   // With keep_frames: this round's accepted contributions, in adding order, and Σ wᵢ.
   struct Kept {
     std::string peer;
@@ -109,15 +118,17 @@ class Aggregator {
   std::vector<Rejected> drain(bool final_pass);
   std::vector<Rejected> add_now(Entry& e);
   void add_to_delta(const net::Frame& frame, double w);  // throws compress::FrameError
-  std::vector<double> reference_for(const Entry& e) const;  // its peers' norms
+  std::vector<double> reference() const;  // one norm per provider (judge_norm)
+  std::optional<double> history_norm(const std::string& peer) const;
 
   const common::FlatLayout& layout_;
   const double norm_bound_;
   const bool keep_frames_;
   std::vector<Kept> kept_;
   std::vector<double> accepted_;  // this round's accepted norms
-  // Per fragment: the accepted norms of its last round that accepted any.
-  std::map<size_t, std::vector<double>> history_;
+  std::vector<std::string> accepted_peers_;  // whose accepted_ are
+  // Per fragment, per provider: the norm of its last accepted contribution.
+  std::map<size_t, std::map<std::string, double>> history_;
   const common::FlatLayout* part_ = nullptr;  // this round's tensors (null: layout_)
   size_t part_index_ = 0;
   bool reference_ = true;

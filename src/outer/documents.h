@@ -153,10 +153,13 @@ struct HeadCheckpointState {
   std::string theta_pub_hash;       // verified on resume
   std::string momentum_hash;        // verified on resume
   double bytes_up = 0, bytes_down = 0;
+  // The norm reference (aggregate.h): by fragment index, each provider's last accepted norm.
+  // Absent in checkpoints written before 2026-12-05: the first round then waits for a quorum.
+  std::map<std::string, std::map<std::string, double>> norm_history;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeadCheckpointState, round, run, config,
                                                 config_hash, members, theta_pub_hash,
-                                                momentum_hash, bytes_up, bytes_down)
+                                                momentum_hash, bytes_up, bytes_down, norm_history)
 
 // One round in GET /history (the dashboard's curves): a head.jsonl record cut to what is drawn.
 struct HistoryPoint {

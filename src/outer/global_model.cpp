@@ -1,5 +1,7 @@
 #include "outer/global_model.h"
 
+#include <charconv>
+
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -7,6 +9,7 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/metrics.h"
+#include "common/text.h"
 #include "compress/torch_adapter.h"
 #include "inner/hf.h"
 #include "inner/data.h"
@@ -229,6 +232,10 @@ std::string GlobalModel::write_checkpoint(const std::string& root, HeadCheckpoin
                                   inner::view_blob("theta_pub", theta_pub())};
   state.theta_pub_hash = hash_of(theta_pub());
   state.momentum_hash = hash_of(opt_->momentum());
+  state.norm_history.clear();
+  for (const auto& [part, norms] : aggregator_.norm_history()) {
+    state.norm_history[std::to_string(part)] = norms;
+  }
   c.state = state;
   return common::write_checkpoint(root, fmt::format("round-{:06d}", state.round), c, keep);
 }
@@ -253,9 +260,10 @@ HeadCheckpointState GlobalModel::resume(const std::string& root, const std::stri
       return state;
     } catch (const common::ConfigError&) {
       throw;  // the run's config differs: no older checkpoint will do better
-    } catch (const common::Error& e) {
-      spdlog::warn("resume: skipping {}: {}; falling back to the one before it", dir, e.what());
-      skipped.push_back(dir + ": " + e.what());
+    } catch (const std::exception& e) {  // any error (JSON, torch, I/O) of any file: the next
+      const std::string why = common::printable(e.what(), 512);
+      spdlog::warn("resume: skipping {}: {}; falling back to the one before it", dir, why);
+      skipped.push_back(dir + ": " + why);
     }
   }
   throw common::IoError(fmt::format("--resume: no usable checkpoint under {}: {}", root,
@@ -279,6 +287,16 @@ HeadCheckpointState GlobalModel::load_checkpoint(const std::string& dir, const s
                 "{}: theta_pub does not match its hash in state.json", dir);
   XLOCO_ENFORCE(hash_of(opt_->momentum()) == state.momentum_hash, common::IoError,
                 "{}: outer momentum does not match its hash in state.json", dir);
+  Aggregator::NormHistory norms;
+  for (const auto& [part, by_peer] : state.norm_history) {
+    size_t index = 0;
+    const auto* end = part.data() + part.size();
+    XLOCO_ENFORCE(std::from_chars(part.data(), end, index).ptr == end && !part.empty(),
+                  common::IoError, "{}: norm_history has a fragment \"{}\"", dir,
+                  common::printable(part, 32));
+    norms[index] = by_peer;
+  }
+  aggregator_.restore_norm_history(std::move(norms));
   pub_hash_ = state.theta_pub_hash;
   prev_hash_.clear();
   pub_round_ = state.round;

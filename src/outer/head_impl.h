@@ -41,7 +41,8 @@ struct Head::Impl {
   std::optional<uint64_t> eval_due;  // a closed round to evaluate once θ_pub holds it
   bool checkpoint_due = false;       // waits while an evaluation holds an update back
   std::optional<uint64_t> checkpoint_failed_at;
-  common::LogLimiter warnings{10, 60};  // refusals a peer provokes, by peer and code  // a failed checkpoint is retried after this round
+  common::LogLimiter warnings{10, 60};  // refusals a peer provokes, by peer and code
+  common::LogLimiter reports{3, 60};    // ERROR and BYE texts a peer sends, by peer
 
   // head.cpp: start-up (resume or not), the loop, rounds, evaluation, checkpoints, the end.
   Impl(const common::Config& c, HeadOptions o, std::unique_ptr<net::Transport> t);
@@ -73,7 +74,10 @@ struct Head::Impl {
   void leave_round(const std::string& peer);
   // Contributions whose frames failed to decode when their turn came.
   void reject(const std::vector<Aggregator::Rejected>& rejected);
+  // Every message passes through handle(), a boundary (design §10): whatever a handler throws
+  // is caught, the sender refused as malformed (counted) and the head carries on.
   void handle(const net::Received& rx);
+  void dispatch(const net::Received& rx);
   void on_hello(const std::string& peer, const net::Hello& h, const std::string& address);
   void on_contribution(const std::string& peer, uint64_t r, const net::Contribution& c);
 };

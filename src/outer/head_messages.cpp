@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/metrics.h"
+#include "common/text.h"
 #include "outer/head_impl.h"
 
 namespace xloco::outer {
@@ -72,6 +73,22 @@ void Head::Impl::reject(const std::vector<Aggregator::Rejected>& rejected) {
 }
 
 void Head::Impl::handle(const net::Received& rx) {
+  try {
+    dispatch(rx);
+  } catch (const std::exception& e) {
+    // A handler failed on what this peer sent: the head's state is as the handler left it
+    // (each one changes state only after its checks), the peer is refused, the run goes on.
+    const std::string what = common::printable(e.what(), 512);
+    try {
+      refuse(rx.peer, net::RefusalCode::kMalformed,
+             fmt::format("a message from {} could not be handled: {}", rx.peer, what));
+    } catch (const std::exception& again) {
+      spdlog::error("refusing {} failed: {}", rx.peer, common::printable(again.what(), 512));
+    }
+  }
+}
+
+void Head::Impl::dispatch(const net::Received& rx) {
   net::Envelope env;
   try {
     env = net::decode(rx.message, cfg.run.name);
@@ -86,9 +103,15 @@ void Head::Impl::handle(const net::Received& rx) {
   } else if (auto* c = std::get_if<net::Contribution>(&env.body)) {
     on_contribution(rx.peer, env.round, *c);
   } else if (auto* b = std::get_if<net::Bye>(&env.body)) {
-    if (it != members.end()) set_state({rx.peer, MemberState::kLeft, "said goodbye: " + b->reason});
+    if (it != members.end()) {
+      set_state({rx.peer, MemberState::kLeft, "said goodbye: " + common::printable(b->reason, 200)});
+    }
   } else if (auto* e = std::get_if<net::ErrorReply>(&env.body)) {
-    spdlog::warn("provider {} reports an error: {} ({})", rx.peer, e->reason, net::to_string(e->code));
+    // A peer's text: escaped, cut to 200 bytes, at most 3 lines a minute per peer.
+    if (const auto v = reports.check(rx.peer); v.log) {
+      spdlog::warn("provider {} reports an error: {} ({}){}", rx.peer, common::printable(e->reason, 200),
+                   net::to_string(e->code), common::LogLimiter::note(v));
+    }
   } else if (auto* beat = std::get_if<net::Heartbeat>(&env.body)) {
     if (!member) {
       return refuse(rx.peer, net::RefusalCode::kRejoin, fmt::format("heartbeat from {}, which is not a member (declared dead, or the head restarted): send HELLO", rx.peer));
@@ -105,6 +128,13 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
                        model.prev_hash(), model.have_last_update()};
   const Admission a = admit(Clock::now(), peer, h, members, at, net->link_state(peer), cfg.outer);
   if (opts.observer.admission) opts.observer.admission(peer, a);
+  if (a.ignore && a.limited) {
+    ledger.count_refusal("full_state_limit");
+    if (const auto v = warnings.check(peer + " full_state"); v.log) {
+      spdlog::warn("{}{}", a.reason, common::LogLimiter::note(v));
+    }
+    return;
+  }
   if (a.ignore) return spdlog::debug("{}", a.reason);
   if (!a.admit) return refuse(peer, a.code, a.reason);
   Member& m = members[peer];
@@ -113,6 +143,7 @@ void Head::Impl::on_hello(const std::string& peer, const net::Hello& h, const st
   m.first_contribution = m.last_contribution = {};  // its busy share counts from here
   m.compute_since_first_s = 0;
   m.address = address;
+  if (a.sync == SyncAction::kFullState) m.full_state_round = done_rounds;
   leave_round(peer);
   for (auto& [r, body] : model.join_messages(a.shard, a.sync)) {
     const auto* u = std::get_if<net::Update>(&body);

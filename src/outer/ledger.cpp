@@ -1,4 +1,5 @@
 #include "outer/ledger.h"
+#include "common/json_text.h"
 
 #include <filesystem>
 
@@ -193,7 +194,7 @@ const RunSummary& RunLedger::finish(uint64_t done_rounds, const std::string& pub
   s.head_peak_rss_bytes = common::peak_rss_bytes();
   flush();
   try {
-    common::write_file_atomic(path, nlohmann::json(s).dump(2) + "\n");
+    common::write_file_atomic(path, common::json_dump(nlohmann::json(s), 2) + "\n");
   } catch (const common::Error& e) {
     ++s.write_failures;
     spdlog::error("summary not written: {}", e.what());

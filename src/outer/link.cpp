@@ -1,5 +1,7 @@
 #include "outer/link.h"
 
+#include "common/text.h"
+
 #include <spdlog/spdlog.h>
 
 namespace xloco::outer {
@@ -83,8 +85,8 @@ void Link::loop() {
       last_rx_ = Clock::now();
       inbox_.push_back(std::move(env));
       cv_.notify_one();
-    } catch (const net::ProtocolError& e) {
-      spdlog::warn("ignored a bad message from the head: {}", e.what());
+    } catch (const std::exception& e) {  // any decode failure: the message is dropped, not the link
+      spdlog::warn("ignored a bad message from the head: {}", common::printable(e.what(), 512));
     }
   }
 }

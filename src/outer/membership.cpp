@@ -1,5 +1,7 @@
 #include "outer/membership.h"
 
+#include "common/text.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -77,7 +79,7 @@ Admission admit(Clock::time_point now, const std::string& peer, const net::Hello
   if (hello.config_hash != run.config_hash) {
     a.code = net::RefusalCode::kConfigHash;
     a.reason = fmt::format("provider {} has config hash {}, the run has {}", peer,
-                           hello.config_hash, run.config_hash);
+                           common::printable(hello.config_hash, 80), run.config_hash);
     return a;
   }
   if (hello.shard >= config.providers && !config.shared_data) {
@@ -119,6 +121,17 @@ Admission admit(Clock::time_point now, const std::string& peer, const net::Hello
   a.shard = shard.shard;
   a.fresh = it == members.end() || it->second.last_seen == Clock::time_point{};
   a.sync = sync_for(hello.theta_pub_hash, run.pub_hash, run.prev_hash, run.have_last_update);
+  if (a.sync == SyncAction::kFullState && it != members.end() && is_live(it->second.state) &&
+      it->second.full_state_round &&
+      run.done_rounds < *it->second.full_state_round + kFullStateEveryRounds) {
+    Admission limited;
+    limited.ignore = limited.limited = true;
+    limited.reason = fmt::format(
+        "a HELLO from {} asking for the full state again at round {}, sent it after round {}: "
+        "ignored (at most once in {} rounds for a live provider)",
+        peer, run.done_rounds, *it->second.full_state_round, kFullStateEveryRounds);
+    return limited;
+  }
   const char* how = a.sync == SyncAction::kFullState ? "full state"
                     : a.sync == SyncAction::kUpdate  ? "one round behind: sent the last update"
                                                      : "already current";
@@ -190,7 +203,9 @@ std::optional<std::string> frame_mismatch(const compress::FrameInfo& frame,
     const auto& got = frame.tensors[i];
     const auto& want = layout.slots[i];
     if (got.name != want.name || got.shape != want.shape) {
-      return fmt::format("tensor {} is {} [{}], the model's is {} [{}]", i, got.name,
+      // got.name is the peer's bytes: escaped and bounded before it enters a refusal.
+      return fmt::format("tensor {} is {} [{}], the model's is {} [{}]", i,
+                         common::printable(got.name, 96),
                          fmt::join(got.shape, ", "), want.name, fmt::join(want.shape, ", "));
     }
   }

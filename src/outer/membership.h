@@ -50,10 +50,15 @@ struct Member {
   double compute_since_first_s = 0;
   std::string address;                     // IP address of its last HELLO, as the head sees it
   std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
+  // The round after which this head process last sent it θ_pub in full (none: never).
+  std::optional<uint64_t> full_state_round;
 };
 using Members = std::map<std::string, Member>;
 
 inline constexpr std::size_t kRoundTimesKept = 5;
+// A live member is sent the full state at most once in this many rounds (design §10): each
+// costs the head's uplink fp32 parameter bytes, and a HELLO with an empty θ_pub hash asks for it.
+inline constexpr uint64_t kFullStateEveryRounds = 2;
 
 size_t live_count(const Members& members);
 
@@ -96,11 +101,14 @@ struct Admission {
   SyncAction sync = SyncAction::kFullState;
   bool fresh = false;   // its first HELLO to this head process (joined, not rejoined)
   std::string reason;   // refusal, or how it was admitted
+  bool limited = false; // ignored by a rate limit (logged, rate-limited itself), not a repeat
 };
 // `link` is what the head's transport still holds for `peer`. A HELLO repeated while the
 // WELCOME of the last one is still queued for the peer, or within outer.hello_interval_s of
 // its last admission, is ignored: answering it would queue another state for a link that
-// has not taken the first.
+// has not taken the first. A live member that was sent the full state less than
+// kFullStateEveryRounds rounds ago and asks for it again is ignored too (`limited`): it may ask
+// again once the run has moved on, or rejoin from the dead.
 Admission admit(Clock::time_point now, const std::string& peer, const net::Hello& hello,
                 const Members& members, const RunPosition& run, const net::LinkState& link,
                 const common::OuterConfig& config);

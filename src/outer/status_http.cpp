@@ -1,4 +1,5 @@
 #include "outer/status_http.h"
+#include "common/json_text.h"
 
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -6,6 +7,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <list>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -74,11 +78,25 @@ bool is_loopback_host(const std::string& host) {
   return !ec && addr.is_loopback();
 }
 
-// Asynchronous: every connection has its own 5 s deadline for the whole exchange, many are
-// served at once on the one thread, and none can hold the others (or the head's exit) up.
+// Asynchronous: every connection has 1 s to send its request headers and 5 s for the whole
+// exchange; many are served at once on the one thread, and none can hold the others (or the
+// head's exit) up. Slots are not first come, first served (design §10): at 64 connections, or 8
+// from one address, a newcomer evicts the oldest connection (of that address, at its cap) that
+// has not sent its headers yet, so idle connections opened without a token cannot lock out a
+// client that asks at once. It is refused only when every slot is serving a request.
 struct StatusServer::Impl {
   static constexpr int kMaxConnections = 64;
+  static constexpr int kMaxPerAddress = 8;
   static constexpr auto kDeadline = std::chrono::seconds(5);
+  static constexpr auto kHeaderDeadline = std::chrono::seconds(1);
+  struct Session;
+  struct Waiting {
+    std::weak_ptr<Session> session;
+    std::string address;
+  };
+  std::list<Waiting> waiting;               // connections without their headers, oldest first
+  std::map<std::string, int> per_address;   // open connections by peer address
+  uint64_t evicted = 0;                     // the io thread only, like these
   asio::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::thread thread;
@@ -95,14 +113,37 @@ struct StatusServer::Impl {
   bool open_bind = false;  // bound beyond loopback: every request needs the token
   int connections = 0;     // the io thread only
 
+  // Closes the oldest connection still waiting for its headers (of `address`, if given).
+  bool evict_oldest(const std::string* address) {
+    for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+      if (address != nullptr && it->address != *address) continue;
+      auto victim = it->session.lock();
+      waiting.erase(it);
+      if (!victim) return false;
+      victim->in_waiting = false;
+      victim->release();  // its slot is free now, not when its handler has run
+      victim->close();
+      ++evicted;
+      return true;
+    }
+    return false;
+  }
+
   void accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
       if (!ec) {
-        if (connections >= kMaxConnections) {
-          beast::error_code ignored;
-          socket.close(ignored);  // full: the oldest leave within their deadline
+        beast::error_code aec;
+        const auto remote = socket.remote_endpoint(aec);
+        const std::string address = aec ? std::string("?") : remote.address().to_string();
+        bool room = true;
+        if (per_address[address] >= kMaxPerAddress) room = evict_oldest(&address);
+        if (room && connections >= kMaxConnections) room = evict_oldest(nullptr);
+        if (room) {
+          std::make_shared<Session>(*this, std::move(socket), address)->start();
         } else {
-          std::make_shared<Session>(*this, std::move(socket))->start();
+          if (per_address[address] == 0) per_address.erase(address);
+          beast::error_code ignored;
+          socket.close(ignored);  // every slot is serving a request: they end within 5 s
         }
       }
       if (acceptor.is_open()) accept();
@@ -174,7 +215,7 @@ struct StatusServer::Impl {
           for (auto it = from; it != history.end(); ++it) rounds.push_back(*it);
           epoch = instance + "-" + std::to_string(replaced);
         }
-        json_body(json{{"epoch", epoch}, {"rounds", std::move(rounds)}}.dump() + "\n");
+        json_body(common::json_dump(json{{"epoch", epoch}, {"rounds", std::move(rounds)}}) + "\n");
       }
     } else if (target == "/run") {
       std::lock_guard<std::mutex> lock(mu);
@@ -184,7 +225,7 @@ struct StatusServer::Impl {
       if (!authenticated) {
         for (auto& p : now.providers) p.address.clear();  // addresses for the token's holders
       }
-      json_body(json(now).dump(2) + "\n");
+      json_body(common::json_dump(json(now), 2) + "\n");
     } else if (target == "/metrics") {
       res.result(http::status::ok);
       res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -214,18 +255,41 @@ struct StatusServer::Impl {
     beast::flat_buffer buffer;
     http::request_parser<http::empty_body> parser;
     http::response<http::string_body> res;
+    std::string address;
+    bool in_waiting = false;
+    std::list<Waiting>::iterator waiting_at;
 
-    Session(Impl& s, tcp::socket socket) : server(s), stream(std::move(socket)) {
+    Session(Impl& s, tcp::socket socket, std::string addr)
+        : server(s), stream(std::move(socket)), address(std::move(addr)) {
       ++server.connections;
+      ++server.per_address[address];
     }
-    ~Session() { --server.connections; }
+    bool counted = true;
+    ~Session() {
+      leave_waiting();
+      release();
+    }
+    void release() {
+      if (!counted) return;
+      counted = false;
+      --server.connections;
+      if (--server.per_address[address] <= 0) server.per_address.erase(address);
+    }
+    void leave_waiting() {
+      if (in_waiting) server.waiting.erase(waiting_at);
+      in_waiting = false;
+    }
 
     void start() {
       parser.header_limit(16 * 1024);
-      stream.expires_after(kDeadline);  // the whole exchange, read and write
+      waiting_at = server.waiting.insert(server.waiting.end(), {shared_from_this(), address});
+      in_waiting = true;
+      stream.expires_after(kHeaderDeadline);  // the request's headers
       http::async_read(stream, buffer, parser,
                        [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                         self->leave_waiting();
                          if (ec) return self->close();
+                         self->stream.expires_after(kDeadline);  // the answer
                          self->res = self->server.respond(self->parser.get());
                          http::async_write(self->stream, self->res,
                                            [self](beast::error_code, std::size_t) { self->close(); });
@@ -293,7 +357,7 @@ void StatusServer::publish(HeadStatus status) {
 }
 
 void StatusServer::set_run(RunInfo info) {
-  std::string body = json(info).dump() + "\n";
+  std::string body = common::json_dump(json(info)) + "\n";
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->run_json = std::move(body);
 }

@@ -1,6 +1,7 @@
 // Elastic, fault-tolerant rounds (issue 6) with real processes on loopback: a head and workers
 // started one by one, so that each can be stopped, killed and restarted on its own, plus the
 // pure decisions with an injected clock. Each TEST_CASE is one failure a rented GPU brings.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +30,7 @@
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 #include <doctest/doctest.h>
+#include <atomic>
 
 using namespace xloco;
 namespace fs = std::filesystem;
@@ -149,6 +152,26 @@ int connect_loopback(int port) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
     FAIL("cannot connect to 127.0.0.1:" << port);
+  }
+  return fd;
+}
+
+// A TCP connection to 127.0.0.1:PORT from the loopback address `from` (127.0.0.N); -1 when the
+// server closed it at once.
+int connect_from(const char* from, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  REQUIRE(::inet_pton(AF_INET, from, &src.sin_addr) == 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) == 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
   }
   return fd;
 }
@@ -317,6 +340,60 @@ TEST_SUITE("elastic_rules") {
     open.publish(s);
     CHECK_THROWS_WITH(outer::http_get(open.url(), "/status", 5), doctest::Contains("HTTP 401"));
     CHECK(nlohmann::json::parse(outer::http_get(open.url(), "/status", 5, token))["providers"][0]["address"] == "10.1.2.3");
+  }
+
+  TEST_CASE("status server: token-less idle connections at 50 a second, from one address or from many, cannot lock out an authenticated /status") {
+    using Clock = std::chrono::steady_clock;
+    outer::HeadStatus st;
+    st.run = "r";
+    const std::string token = "0123456789abcdef0123";
+    outer::StatusServer server("127.0.0.1:0", token);
+    server.publish(st);
+    const std::string url = server.url();
+    const int port = std::stoi(url.substr(url.rfind(':') + 1));
+    // A flood that never sends a byte and keeps every connection open, from 127.0.0.2 only or
+    // from 127.0.0.2 ... 127.0.0.41 in turn, while an authenticated client asks every 100 ms.
+    for (const int addresses : {1, 40}) {
+      CAPTURE(addresses);
+      std::atomic<bool> stop{false};
+      std::vector<int> held;
+      std::thread flood([&] {
+        for (int i = 0; !stop && i < 400; ++i) {
+          const std::string from = fmt::format("127.0.0.{}", 2 + i % addresses);
+          if (const int fd = connect_from(from.c_str(), port); fd >= 0) held.push_back(fd);
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // 50 a second
+        }
+      });
+      double worst = 0;
+      int answered = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the flood has filled up
+      for (int k = 0; k < 25; ++k) {
+        const auto t0 = Clock::now();
+        try {
+          const auto doc = nlohmann::json::parse(outer::http_get(url, "/status", 5, token));
+          answered += doc["run"] == "r" ? 1 : 0;
+        } catch (const std::exception& e) {
+          MESSAGE("request " << k << " failed: " << e.what());
+        }
+        worst = std::max(worst, std::chrono::duration<double>(Clock::now() - t0).count());
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      // A burst of 100 at once from 20 addresses: past 64, the oldest waiting ones are evicted.
+      std::vector<int> burst;
+      for (int i = 0; i < 100; ++i) {
+        if (const int fd = connect_from(fmt::format("127.0.0.{}", 100 + i % 20).c_str(), port); fd >= 0) burst.push_back(fd);
+      }
+      const auto t0 = Clock::now();
+      CHECK_NOTHROW((void)outer::http_get(url, "/status", 5, token));
+      worst = std::max(worst, std::chrono::duration<double>(Clock::now() - t0).count());
+      stop = true;
+      flood.join();
+      for (const int fd : held) ::close(fd);
+      for (const int fd : burst) ::close(fd);
+      CHECK(answered == 25);
+      CHECK(worst < 1.0);
+      MESSAGE("addresses " << addresses << ": " << held.size() << " flood connections, slowest answer " << worst << " s");
+    }
   }
 
   TEST_CASE("status server: GET / is the dashboard for anyone and loads nothing from elsewhere; /history?since=N and /run carry the data, behind the token beyond loopback") {

@@ -1,9 +1,11 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <unistd.h>
 
@@ -78,6 +80,66 @@ TEST_SUITE("files") {
     std::ofstream(path, std::ios::binary) << "abc";
     CHECK_THROWS_WITH_AS(common::read_safetensors(path), doctest::Contains("truncated"),
                          common::IoError);
+  }
+
+  TEST_CASE("safetensors whose data_offsets overlap, leave gaps or hold unprintable names are refused, as the reference implementation does") {
+    test::ScratchDir dir("st-offsets");
+    const auto path = dir.str() + "/bad.safetensors";
+    // Writes a header of `entries` over `data_bytes` zero bytes.
+    const auto write_raw = [&](const nlohmann::json& entries, size_t data_bytes) {
+      const std::string h = entries.dump();
+      std::string out(8, '\0');
+      for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+      out += h + std::string(data_bytes, '\0');
+      std::ofstream(path, std::ios::binary) << out;
+    };
+    const auto f32x = [](uint64_t n, uint64_t begin) {
+      return nlohmann::json{{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {begin, begin + 4 * n}}};
+    };
+    write_raw({{"a", f32x(4, 0)}, {"b", f32x(4, 16)}}, 32);
+    CHECK(common::read_safetensors(path).tensors.size() == 2);  // contiguous: read
+    // 1000 entries over the same 4 KiB: each would be read (and allocated) on its own.
+    nlohmann::json many;
+    for (int i = 0; i < 1000; ++i) many[fmt::format("t{}", i)] = f32x(1024, 0);
+    write_raw(many, 4096);
+    CHECK_THROWS_WITH_AS(common::read_safetensors(path), doctest::Contains("overlap the tensor before"),
+                         common::IoError);
+    write_raw({{"a", f32x(4, 0)}, {"b", f32x(4, 20)}}, 36);
+    CHECK_THROWS_WITH_AS(common::read_safetensors(path), doctest::Contains("leave a gap after byte 16"),
+                         common::IoError);
+    write_raw({{"a", f32x(4, 0)}}, 20);  // trailing bytes no tensor owns
+    CHECK_THROWS_WITH_AS(common::read_safetensors(path), doctest::Contains("the tensors end at data byte 16"),
+                         common::IoError);
+    write_raw({{"a\u001b[2J", f32x(4, 0)}}, 16);
+    CHECK_THROWS_WITH_AS(common::read_safetensors(path), doctest::Contains("a\\x1b[2J is not printable"),
+                         common::IoError);
+  }
+
+  TEST_CASE("checkpoint manifests of any content give a reason, never an exception") {
+    test::ScratchDir dir("ckpt-manifest-types");
+    common::CheckpointContents c;
+    c.files["model.safetensors"] = {f32("a", {3}, {1, 2, 3})};
+    c.state = {{"round", 1}};
+    const auto ck = common::write_checkpoint(dir.str(), "round-000001", c, 3);
+    const auto manifest = fs::path(ck) / common::kManifestFile;
+    const auto good = nlohmann::json::parse(std::ifstream(manifest));
+    for (const auto& bytes : {nlohmann::json("12"), nlohmann::json(nullptr), nlohmann::json(-1),
+                              nlohmann::json::array()}) {
+      CAPTURE(bytes.dump());
+      auto bad = good;
+      bad["model.safetensors"]["bytes"] = bytes;
+      std::ofstream(manifest) << bad.dump();
+      std::optional<std::string> problem;
+      CHECK_NOTHROW(problem = common::verify_checkpoint(ck));
+      REQUIRE(problem);
+      CHECK(problem->find("no byte count and hash") != std::string::npos);
+    }
+    auto bad = good;
+    bad["model.safetensors"]["blake2b"] = 7;
+    std::ofstream(manifest) << bad.dump();
+    CHECK(common::verify_checkpoint(ck)->find("no byte count and hash") != std::string::npos);
+    std::ofstream(manifest) << good.dump();
+    CHECK(!common::verify_checkpoint(ck));
   }
 
   TEST_CASE("checkpoint directories: latest names the newest; a half-written one is ignored") {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
@@ -24,6 +25,7 @@
 #include "inner/runtime.h"
 #include "net/inproc/transport.h"
 #include "common/checkpoint.h"
+#include "common/json_text.h"
 #include "common/layout.h"
 #include "common/safetensors.h"
 #include "compress/decoder.h"
@@ -659,10 +661,23 @@ TEST_SUITE("inproc_run") {
          [](net::Contribution& c, const common::FlatLayout& l, torch::Tensor& v) {
            c.payload = frame_as(l, torch::full_like(v, 1.6e38f), compress::Codec::kInt8);
          }},
+        // Its refusal quotes the name: unescaped, serialising it (wire, head.jsonl, /status)
+        // threw and ended the head (issue 52).
+        {"a tensor name of bytes that are not UTF-8 or printable", "bad_frame", "tensor 0 is \\xff\\xfe\\x1b[2J",
+         [](net::Contribution& c, const common::FlatLayout& l, torch::Tensor& v) {
+           common::FlatLayout renamed;
+           for (size_t i = 0; i < l.slots.size(); ++i) {
+             renamed.append(i == 0 ? "\xff\xfe\x1b[2J" + l.slots[i].name : l.slots[i].name, l.slots[i].shape);
+           }
+           c.payload = frame_as(renamed, v, compress::Codec::kInt8);
+         }},
     };
     for (const auto& k : cases) {
       CAPTURE(k.name);
       const Outcome o = run_once(std::string("thr-rogue-") + k.code, k.attack);
+      for (const auto& r : o.rounds) {  // what reached head.jsonl and /status is printable ASCII
+        for (const auto& [who, why] : r.refused) CHECK(why.find('\x1b') == std::string::npos);
+      }
       REQUIRE(o.rounds.size() == 6);
       size_t refused = 0;
       for (const auto& r : o.rounds) {
@@ -785,5 +800,155 @@ TEST_SUITE("inproc_run") {
     run.join();
     CHECK(welcomed);
     CHECK_MESSAGE(run.provider_errors.empty(), (run.provider_errors.empty() ? "" : run.provider_errors.begin()->second));
+  }
+}
+
+// The protocol fuzz target (issue 52): the real head's message handling, driven over the
+// in-process transport by an allow-listed peer ("p9") that sends mutations of real messages —
+// p0's own HELLO, HEARTBEATs and CONTRIBUTIONs, recorded on their way, and one of every other
+// type — while p0 trains beside it. The head must stay up, keep closing rounds, and answer.
+// XLOCO_FUZZ_SECONDS sets the length (20 s by default; RESULTS quotes a 10-minute run) and
+// XLOCO_FUZZ_SEED the seed (printed, so a failure can be replayed).
+namespace {
+
+net::Message mutate(const net::Message& m, std::mt19937_64& rng, uint64_t round) {
+  net::Message out = m;
+  const auto pick = [&](uint64_t n) { return n == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
+  const auto bytes_of = [](const net::Frame& f) { return std::vector<uint8_t>(f.data(), f.data() + f.size()); };
+  const int edits = static_cast<int>(pick(4));
+  for (int e = 0; e < edits; ++e) {
+    switch (pick(9)) {
+      case 0: {  // a field of the header set to something else
+        auto h = nlohmann::json::parse(out.empty() ? std::string_view("x") : out[0].view(), nullptr, false);
+        if (!h.is_object()) break;
+        static const char* kFields[] = {"v", "type", "run", "round", "tokens", "compute_s", "provider",
+                                        "config_hash", "theta_pub_hash", "shard", "reason", "code", "step"};
+        const std::string f = kFields[pick(13)];
+        const nlohmann::json values[] = {round, round + 1, 0, -1, 1e300, "", std::string(300, 'x'), "\u00e9\u001b[2J",
+                                         nlohmann::json::array({1, 2}), nullptr, UINT64_MAX, true, "HELLO",
+                                         "CONTRIBUTION", "rejoin", "outlier"};
+        h[f] = values[pick(16)];
+        out[0] = net::Frame(std::string_view(common::json_dump(h)));
+        break;
+      }
+      case 1: case 2: {  // bytes flipped, in the header or a binary frame
+        if (out.empty()) break;
+        const size_t i = pick(out.size());
+        auto b = bytes_of(out[i]);
+        if (b.empty()) break;
+        for (uint64_t k = 0, n = 1 + pick(8); k < n; ++k) b[pick(b.size())] = static_cast<uint8_t>(pick(256));
+        out[i] = net::Frame(std::move(b));
+        break;
+      }
+      case 3: {  // cut short
+        if (out.empty()) break;
+        const size_t i = pick(out.size());
+        auto b = bytes_of(out[i]);
+        b.resize(pick(b.size() + 1));
+        out[i] = net::Frame(std::move(b));
+        break;
+      }
+      case 4: {  // bytes that are not UTF-8 spliced into the header
+        if (out.empty()) break;
+        std::string h(out[0].view());
+        h.insert(pick(h.size() + 1), std::string("\xff\xfe\xc3\x28", 1 + pick(4)));
+        out[0] = net::Frame(std::string_view(h));
+        break;
+      }
+      case 5: out.push_back(out.empty() ? net::Frame(std::string_view("{}")) : out.back()); break;  // a frame too many
+      case 6: if (!out.empty()) out.pop_back(); break;                                              // one too few
+      case 7: {  // a binary frame's tail grown with garbage
+        if (out.size() < 2) break;
+        auto b = bytes_of(out[1]);
+        for (uint64_t k = 0, n = pick(4096); k < n; ++k) b.push_back(static_cast<uint8_t>(pick(256)));
+        out[1] = net::Frame(std::move(b));
+        break;
+      }
+      default: break;  // as it was: a replay
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("fuzz_head") {
+  TEST_CASE("protocol fuzz: an allow-listed peer sending mutated real messages cannot end, stall or silence the head") {
+    if (!test::have_kjv()) {
+      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
+      return;
+    }
+    const double seconds = std::getenv("XLOCO_FUZZ_SECONDS") ? std::atof(std::getenv("XLOCO_FUZZ_SECONDS")) : 20;
+    const uint64_t seed = std::getenv("XLOCO_FUZZ_SEED") ? std::strtoull(std::getenv("XLOCO_FUZZ_SEED"), nullptr, 10)
+                                                         : static_cast<uint64_t>(std::random_device{}());
+    MESSAGE("fuzz seed " << seed << ", " << seconds << " s (replay with XLOCO_FUZZ_SEED)");
+    ThreadedRun run("thr-fuzz", 2);
+    run.cfg.inner.steps = 5 * 100000;  // runs until stopped
+    run.cfg.outer.min_providers = 1;
+    run.cfg.outer.start_grace_s = 1;
+    run.cfg.outer.deadline_min_s = 0.5;
+    run.cfg.outer.round_timeout_s = 5;
+    run.cfg.outer.checkpoint_every = 1000000;
+    auto head = run.head(false, /*http=*/true);
+    // p0's messages as they leave, for the corpus.
+    std::mutex corpus_mu;
+    std::vector<net::Message> corpus;
+    size_t recorded = 0;
+    run.network->faults().tamper("p0", [&](const net::Message& m) {
+      std::lock_guard<std::mutex> lock(corpus_mu);
+      if (corpus.size() < 64) corpus.push_back(m);
+      else corpus[5 + recorded % 59] = m;  // keeps the newest (contributions of this round)
+      ++recorded;
+      return m;
+    });
+    const std::string rn = run.cfg.run.name;
+    for (net::Body b : {net::Body{net::Welcome{{}, 0, 2}}, net::Body{net::RoundStart{}}, net::Body{net::Bye{"fuzz"}},
+                        net::Body{net::ErrorReply{net::RefusalCode::kOutlier, "fuzz"}}, net::Body{net::Update{}}}) {
+      corpus.push_back(net::encode(net::Envelope{rn, 1, std::move(b)}));
+    }
+    run.provider("p0", 0);
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> sent{0}, answers{0};
+    std::thread fuzzer([&] {
+      std::mt19937_64 rng(seed);
+      auto link = run.network->connect("p9");
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+      while (!stop && std::chrono::steady_clock::now() < end) {
+        net::Message m;
+        uint64_t r = 1;
+        {
+          std::lock_guard<std::mutex> lock(corpus_mu);
+          m = corpus[std::uniform_int_distribution<size_t>(0, corpus.size() - 1)(rng)];
+          std::lock_guard<std::mutex> vlock(run.verdicts.mu);
+          r = run.verdicts.rounds.size() + 1;
+        }
+        const auto bad = mutate(m, rng, r);
+        if (bad.empty()) continue;  // nothing to send: a transport refuses it on this side
+        (void)link->send(net::kHeadPeer, bad);
+        ++sent;
+        while (auto rx = link->receive(std::chrono::milliseconds(0))) ++answers;
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+      }
+    });
+    // The head runs on this thread until the fuzzer is done, then is stopped as SIGTERM would.
+    std::thread stopper([&] {
+      fuzzer.join();
+      head->stop();
+    });
+    int rc = -1;
+    CHECK_NOTHROW(rc = head->run());
+    stopper.join();
+    stop = true;
+    run.join();
+    CHECK(rc == 130);  // stopped by the test, not ended by a peer
+    size_t rounds = 0;
+    {
+      std::lock_guard<std::mutex> lock(run.verdicts.mu);
+      rounds = run.verdicts.rounds.size();
+    }
+    MESSAGE(sent.load() << " messages sent, " << answers.load() << " answers, " << rounds << " rounds closed");
+    CHECK(sent > 1000);
+    CHECK(answers > 0);              // it was answered (refusals), not silenced
+    CHECK(rounds >= seconds / 10);   // and rounds kept closing beside it
   }
 }

@@ -11,6 +11,8 @@
 #include "compress/torch_adapter.h"
 #include "outer/aggregate.h"
 #include "outer/leader_rules.h"
+#include "common/json_text.h"
+#include "outer/documents.h"
 #include "outer/membership.h"
 #include "outer/outer_opt.h"
 #include "common/log_limit.h"
@@ -146,6 +148,29 @@ TEST_SUITE("membership") {
     CHECK(a.reason.find("4194304 bytes of its WELCOME") != std::string::npos);
     m["p0"].state = MemberState::kDead;  // a dead member is judged afresh
     CHECK(admit(clock_at(199), "p0", hello("p0", 0), m, position(), welcome_on_its_way, c).admit);
+  }
+
+  TEST_CASE("admission: a live member asking for the full state again within kFullStateEveryRounds rounds is ignored as limited; later, or dead, it is sent") {
+    Members m = {{"p0", live(0, 100)}};
+    m["p0"].admitted_at = clock_at(100);
+    m["p0"].full_state_round = 6;  // position(): the run is after round 7
+    auto c = three_shards();
+    c.hello_interval_s = 5;
+    auto a = admit(clock_at(200), "p0", hello("p0", 0, ""), m, position(), net::LinkState{}, c);
+    CHECK(a.ignore);
+    CHECK(a.limited);
+    CHECK(!a.admit);
+    CHECK(a.reason.find("full state again at round 7, sent it after round 6") != std::string::npos);
+    // One round behind, or current: no full state is asked for, so no limit.
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h6"), m, position(), net::LinkState{}, c).admit);
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, "h7"), m, position(), net::LinkState{}, c).admit);
+    m["p0"].full_state_round = 5;  // two rounds on: sent again
+    a = admit(clock_at(200), "p0", hello("p0", 0, ""), m, position(), net::LinkState{}, c);
+    CHECK(a.admit);
+    CHECK(a.sync == SyncAction::kFullState);
+    m["p0"].full_state_round = 7;
+    m["p0"].state = MemberState::kDead;  // back from the dead: judged afresh
+    CHECK(admit(clock_at(200), "p0", hello("p0", 0, ""), m, position(), net::LinkState{}, c).admit);
   }
 
   TEST_CASE("admission: a member dead for not keeping up is not answered until its backoff ends") {
@@ -483,39 +508,110 @@ TEST_SUITE("membership") {
     CHECK(!frame_problem(encoded(layout, small, compress::Codec::kTopk, 256, 8, 4), layout, run));
   }
 
-  TEST_CASE("judge_norm: beyond bound × the median is refused; with no peer it waits, or passes at the end; bound 0 is off") {
-    CHECK(judge_norm(5, {1, 1, 100}, 10, false).action == NormAction::kAccept);   // median 1
-    const auto v = judge_norm(11, {1, 1, 100}, 10, false);
+  TEST_CASE("judge_norm: beyond bound × the lower median of one norm per provider is refused; zero norms do not count; without a quorum it waits, or is refused at the end; bound 0 is off") {
+    CHECK(judge_norm(5, {1, 1, 100, 5}, 4, 10, false).action == NormAction::kAccept);  // median 1
+    const auto v = judge_norm(11, {1, 1, 100, 11}, 4, 10, false);
     CHECK(v.action == NormAction::kRefuse);
-    CHECK(v.reason.find("11× the median 1") != std::string::npos);
-    CHECK(judge_norm(19, {1, 3}, 10, false).action == NormAction::kAccept);        // median 2
-    CHECK(judge_norm(21, {1, 3}, 10, false).action == NormAction::kRefuse);
-    CHECK(judge_norm(1e6, {}, 10, false).action == NormAction::kWait);
-    CHECK(judge_norm(1e6, {}, 10, true).action == NormAction::kAccept);
-    CHECK(judge_norm(1e6, {1}, 0, false).action == NormAction::kAccept);
+    CHECK(v.reason.find("11× the median 1 of 4 providers'") != std::string::npos);
+    // Even counts take the lower median: two high norms of four cannot raise the bar.
+    CHECK(judge_norm(1e30, {1, 3, 1e30, 1e30}, 4, 10, false).action == NormAction::kRefuse);
+    CHECK(judge_norm(29, {1, 3, 29}, 3, 10, false).action == NormAction::kAccept);   // median 3
+    CHECK(judge_norm(31, {1, 3, 31}, 3, 10, false).action == NormAction::kRefuse);
+    // Zero frames say nothing: a coalition of zeros cannot make the median 0 (which accepted
+    // anything), nor make a quorum.
+    CHECK(judge_norm(1e30, {0, 0, 1e30, 1}, 4, 10, false).action == NormAction::kWait);
+    const auto no_quorum = judge_norm(1e30, {0, 0, 1e30, 1}, 4, 10, true);
+    CHECK(no_quorum.action == NormAction::kRefuse);
+    CHECK(no_quorum.reason.find("no quorum to judge it: 2 providers' norms, 3 needed") != std::string::npos);
+    CHECK(judge_norm(1e30, {0, 1e30, 1, 1}, 4, 10, false).action == NormAction::kRefuse);
+    CHECK(judge_norm(0, {0, 1, 1, 1}, 4, 10, false).action == NormAction::kAccept);
+    CHECK(judge_norm(NAN, {1, 1, 1}, 3, 10, false).action == NormAction::kRefuse);
+    CHECK(judge_norm(1e6, {1e6}, 3, 10, false).action == NormAction::kWait);
+    CHECK(judge_norm(1e6, {1e6}, 1, 10, false).action == NormAction::kAccept);  // one provider
+    CHECK(judge_norm(1e6, {1}, 3, 0, false).action == NormAction::kAccept);
   }
 
-  TEST_CASE("aggregation: a contribution 1000× its peers' norm is refused as an outlier and Δ is the others'; the first one waits for a peer") {
+  TEST_CASE("aggregation: a contribution 1000× its peers' norm is refused as an outlier and Δ is the others'; norms are judged once every provider has one") {
     common::FlatLayout layout;
     layout.append("w", {512});
     Aggregator agg(layout, 10);
     agg.begin({"a", "b", "c"});
     const auto honest = torch::full({512}, 0.01f);
     CHECK(agg.add("a", encoded(layout, honest * 1000, compress::Codec::kInt8), 100).empty());
-    CHECK(agg.added() == 0);  // nothing to compare the run's first contribution with yet
-    const auto rejected = agg.add("b", encoded(layout, honest, compress::Codec::kInt8), 100);
+    CHECK(agg.added() == 0);  // round 1: judged once all three have a norm
+    CHECK(agg.add("b", encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+    CHECK(agg.added() == 0);
+    const auto rejected = agg.add("c", encoded(layout, honest * 1.5, compress::Codec::kInt8), 100);
     REQUIRE(rejected.size() == 1);
     CHECK(rejected[0].peer == "a");
     CHECK(rejected[0].code == RefusalCode::kOutlier);
-    CHECK(agg.add("c", encoded(layout, honest * 1.5, compress::Codec::kInt8), 100).empty());
     CHECK(agg.finish().empty());
     CHECK(agg.added() == 2);
     CHECK(agg.delta()[0].item<float>() == doctest::Approx(0.0125).epsilon(0.01));
-    // The next round compares with this one's accepted norms: a lone outlier is refused at once.
+    // The next round compares with the last accepted norm of each provider: a lone outlier is
+    // refused at once, against b's and c's.
     agg.begin({"a"});
     const auto next = agg.add("a", encoded(layout, honest * 1000, compress::Codec::kInt8), 100);
     REQUIRE(next.size() == 1);
     CHECK(next[0].code == RefusalCode::kOutlier);
+    CHECK(next[0].reason.find("of 3 providers'") != std::string::npos);
+  }
+
+  TEST_CASE("aggregation: the norm reference survives a head restart through the checkpoint document; an older document without it still reads") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    const auto honest = torch::full({512}, 0.01f);
+    Aggregator before(layout, 10);
+    before.begin({"a", "b", "c"});
+    for (const char* p : {"a", "b", "c"}) CHECK(before.add(p, encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+    CHECK(before.finish().empty());
+    HeadCheckpointState st;
+    for (const auto& [part, norms] : before.norm_history()) st.norm_history[std::to_string(part)] = norms;
+    REQUIRE(st.norm_history.count("0"));
+    CHECK(st.norm_history["0"].size() == 3);
+    const auto back = nlohmann::json::parse(common::json_dump(nlohmann::json(st))).get<HeadCheckpointState>();
+    Aggregator after(layout, 10);
+    Aggregator::NormHistory restored;
+    for (const auto& [part, norms] : back.norm_history) restored[std::stoul(part)] = norms;
+    after.restore_norm_history(restored);
+    after.begin({"a"});  // the first round after the restart: judged against b's and c's at once
+    const auto r = after.add("a", encoded(layout, honest * 1000, compress::Codec::kInt8), 100);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].code == RefusalCode::kOutlier);
+    auto old = nlohmann::json(st);
+    old.erase("norm_history");
+    CHECK(old.get<HeadCheckpointState>().norm_history.empty());
+  }
+
+  TEST_CASE("aggregation: two colluders of four cannot get a huge frame past the bar with a zero frame, in round 1 or later") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    const auto honest = torch::full({512}, 0.01f);
+    for (const bool first_round : {true, false}) {
+      CAPTURE(first_round);
+      Aggregator agg(layout, 10);
+      if (!first_round) {  // a round of the four, all honest, before
+        agg.begin({"h1", "h2", "x", "y"});
+        for (const char* p : {"h1", "h2", "x", "y"}) {
+          CHECK(agg.add(p, encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+        }
+        CHECK(agg.finish().empty());
+      }
+      agg.begin({"h1", "h2", "x", "y"});
+      // The colluders come first: a zero frame, then one at 1e6 x the honest scale.
+      CHECK(agg.add("x", encoded(layout, honest * 0, compress::Codec::kInt8), 100).empty());
+      auto rejected = agg.add("y", encoded(layout, honest * 1e6, compress::Codec::kInt8), 100);
+      for (const char* p : {"h1", "h2"}) {
+        const auto r = agg.add(p, encoded(layout, honest * 1.1, compress::Codec::kInt8), 100);
+        rejected.insert(rejected.end(), r.begin(), r.end());
+      }
+      const auto r = agg.finish();
+      rejected.insert(rejected.end(), r.begin(), r.end());
+      REQUIRE(rejected.size() == 1);
+      CHECK(rejected[0].peer == "y");
+      CHECK(rejected[0].code == RefusalCode::kOutlier);
+      CHECK(agg.added() == 3);  // h1, h2 and the harmless zero
+    }
   }
 
   TEST_CASE("outer step: one that would make theta or the momentum non-finite is found before it is taken") {

@@ -10,7 +10,8 @@
 - The DDPM of examples/ddpm.py (narrow) trains on Fashion-MNIST; `xloco sample` writes a PNG
   grid of its samples and scores them with a Fashion-MNIST cnn; `xloco eval --batch-size`.
 - Modules that break the contract (no forward, wrong signature, float64 parameters, a loss that
-  is not a scalar, a file that is not TorchScript) are refused with errors naming the problem.
+  is not a scalar, a file that is not TorchScript, a graph that reads files with
+  torch.from_file) are refused with errors naming the problem.
 Needs python3-torch (deploy/setup.sh installs it)."""
 import json
 import os
@@ -98,6 +99,19 @@ class NotScalar(nn.Module):
 torch.jit.script(NotScalar()).save(out + "/not_scalar.pt")
 
 torch.jit.script(tiny_gpt.TinyGpt(256, 32, 32, 1, 2).double()).save(out + "/double.pt")
+
+# A model file is code: this one reads the head's secret key into a buffer that would leave in
+# theta_pub (issue 52). The loader must refuse it before any call.
+class ReadsKey(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(3))
+    @torch.jit.export
+    def steal(self) -> torch.Tensor:
+        return torch.from_file("keys/head.key", False, 40, dtype=torch.uint8)
+    def forward(self, inputs, targets):
+        return self.w.sum()
+torch.jit.script(ReadsKey()).save(out + "/reads_key.pt")
 '''
 
 # Loads an xloco checkpoint into the Python module (strict) and prints what it found.
@@ -245,7 +259,8 @@ def run(py, tmp):
     bad.write_bytes(b"PK\x03\x04 not really a zip")
     cases = [("no_forward.pt", "has no forward method"), ("int_arg.pt", "forward is `forward(__torch__"),
              ("three_args.pt", "forward is `forward("), ("double.pt", "is Double; xloco trains float32"),
-             ("bad.pt", "torch.jit.load cannot read it")]
+             ("bad.pt", "torch.jit.load cannot read it"),
+             ("reads_key.pt", "uses aten::from_file, which reads or writes files")]
     for name, want in cases:
         rc, out = xloco("train", "--config", kjv, *common, "--set", "run.name=bad", "--set", "inner.steps=2",
                         "--set", "inner.warmup_steps=1", "--set", "model.kind=torchscript",

@@ -6,6 +6,8 @@
 #include <set>
 
 #include "cases.h"
+#include "common/json_text.h"
+#include "common/text.h"
 #include "net/protocol.h"
 
 namespace xloco::net::test {
@@ -68,6 +70,35 @@ TEST_SUITE("net.protocol") {
       CHECK(std::string(e.what()).find("wrong_version") != std::string::npos);
     }
     CHECK_THROWS_AS((void)decode({}, kRun), ProtocolError);
+  }
+
+  TEST_CASE("a peer's text is quoted escaped and bounded, and serialising it never throws") {
+    // printable: printable ASCII stays, every other byte (and '\\') is \xNN, the rest is cut.
+    CHECK(common::printable("plain text 1.0") == "plain text 1.0");
+    CHECK(common::printable("a\xff\x1b[2J\n\\") == "a\\xff\\x1b[2J\\x0a\\\\");
+    CHECK(common::printable(std::string(1000, 'x'), 10) == "xxxxxxxxxx...(990 more bytes)");
+    CHECK(common::is_printable("transformer.h.0.attn.c_attn.weight"));
+    CHECK_FALSE(common::is_printable("caf\xc3\xa9"));
+    // nlohmann's dump() throws on bytes that are not UTF-8; json_dump writes U+FFFD instead.
+    const nlohmann::json doc = {{"reason", std::string("tensor \xff\xfe")}};
+    CHECK_THROWS((void)doc.dump());
+    CHECK(common::json_dump(doc) == "{\"reason\":\"tensor \xef\xbf\xbd\xef\xbf\xbd\"}");
+    // A refusal or a goodbye holding such bytes is encoded, not thrown.
+    CHECK_NOTHROW((void)encode({kRun, 1, ErrorReply{RefusalCode::kBadFrame, "tensor \xff"}}));
+    CHECK_NOTHROW((void)encode({kRun, 1, Bye{std::string("\xc3\x28")}}));
+    // Decode errors quote a peer's fields escaped: no terminal escape reaches a log line.
+    for (const char* header : {"{\"v\":1,\"type\":\"\\u001b[2J\",\"run\":\"run-7\",\"round\":1}",
+                               "{\"v\":1,\"type\":\"BYE\",\"run\":\"\\u001b[2J\",\"round\":1,\"reason\":\"x\"}",
+                               "{\"v\":\"\\u001b[2J\"}"}) {
+      CAPTURE(header);
+      try {
+        (void)decode({Frame(std::string_view(header))}, kRun);
+        FAIL("decode accepted it");
+      } catch (const ProtocolError& e) {
+        CHECK(std::string(e.what()).find('\x1b') == std::string::npos);
+        CHECK(std::string(e.what()).find("[2J") != std::string::npos);
+      }
+    }
   }
 
   TEST_CASE("peek_round reads a round without trusting the message") {
