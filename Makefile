@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 XLOCO := $(BUILD)/src/cli/xloco
 
-.PHONY: all setup configure build demo demo-train test bench experiments rehearse-scale clean
+.PHONY: all setup configure build demo demo-train test bench experiments attack rehearse-scale clean
 
 all: build
 
@@ -39,6 +39,11 @@ PLAN ?= quick
 EXPERIMENT_FLAGS ?= --rerun all
 experiments: build
 	python3 experiments/harness.py --plan experiments/plans/$(PLAN).json --xloco $(XLOCO) $(EXPERIMENT_FLAGS)
+
+# The attack table (issue 52): experiments/plans/attack.json, one hostile provider of four through
+# the XLOCO_ATTACK test device; each run against the same run without it (about 20 minutes).
+attack: build
+	python3 experiments/harness.py --plan experiments/plans/attack.json --xloco $(XLOCO) $(EXPERIMENT_FLAGS)
 
 # The scale rehearsal of issue 14 (root, ~15 minutes, ~14 GB): a 101 M-parameter GPT, the head and
 # 4 providers in network namespaces over 100/100/50/10 Mbit/s links; report in runs/scale.

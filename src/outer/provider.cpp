@@ -1,4 +1,5 @@
 #include "outer/provider.h"
+#include "outer/attack.h"
 
 #include <algorithm>
 #include <atomic>
@@ -52,7 +53,14 @@ std::string hash_of(const torch::Tensor& t) {
 class Leader {
  public:
   Leader(const common::Config& cfg, const ProviderOptions& opts, std::unique_ptr<net::Transport> t)
-      : cfg_(cfg), opts_(opts), link_(std::move(t), cfg), up_(uplink_codec(cfg.outer)) {}
+      : cfg_(cfg), opts_(opts), link_(std::move(t), cfg), up_(uplink_codec(cfg.outer)),
+        // Parsed before joining: a malformed value is an error before the head admits it.
+        attack_(attack_for(std::getenv("XLOCO_ATTACK"), opts.name)) {
+    if (attack_) {
+      spdlog::warn("provider {}: XLOCO_ATTACK makes it send {} instead of its pseudo-gradient "
+                   "(a test device for the attack table)", opts_.name, attack_->text);
+    }
+  }
 
   // Sends HELLO with the hash of `theta_pub` (the model this provider built from the run's seed,
   // or loaded from the head's warm-start weights) and waits for WELCOME; returns the shard it
@@ -152,7 +160,11 @@ class Leader {
   void contribute(uint64_t r, const torch::Tensor& delta, uint64_t tokens, double compute_s) {
     torch::NoGradGuard guard;
     std::vector<uint8_t> frame;
-    compress::encode(up_, fragment(r).layout, delta, frame);
+    if (attack_) {
+      compress::encode(up_, fragment(r).layout, apply_attack(*attack_, r, delta), frame);
+    } else {
+      compress::encode(up_, fragment(r).layout, delta, frame);
+    }
     bytes_up_ += static_cast<double>(frame.size());
     tokens_ += tokens;  // reported in the next HELLO
     contributed_ = r;
@@ -292,6 +304,7 @@ class Leader {
   std::string last_hash_;
   Clock::time_point last_hello_{};
   double bytes_up_ = 0, bytes_down_ = 0;
+  std::optional<Attack> attack_;  // XLOCO_ATTACK's for this provider (a test device)
 };
 
 // One provider's ranks: the leader talks to the head, every rank trains, and the leader's
