@@ -108,6 +108,11 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.dead_after_s", c.outer.dead_after_s, Range{0.2, 1e7});
   v("outer.hello_interval_s", c.outer.hello_interval_s, Range{0, 1e6});
   v("outer.norm_bound", c.outer.norm_bound, Range{0, 1e12});
+  v("outer.norm_clip", c.outer.norm_clip, Flag{});
+  v("outer.trust_region", c.outer.trust_region, Range{0, 1e6});
+  v("outer.score", c.outer.score, Flag{});
+  v("outer.score_batches", c.outer.score_batches, Range{1, 1e6});
+  v("outer.score_margin", c.outer.score_margin, Range{-1e6, 1e6});
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
   v("outer.overlap", c.outer.overlap, Named{});
@@ -444,7 +449,8 @@ std::string config_hash(const Config& c) {
   j["outer"].erase("keep_checkpoints");
   for (const char* timing : {"round_timeout_s", "deadline_multiple", "deadline_min_s",
                              "start_grace_s", "heartbeat_s", "dead_after_s", "head_timeout_s",
-                             "hello_interval_s", "norm_bound",
+                             "hello_interval_s", "norm_bound", "norm_clip", "score",
+                             "score_batches", "score_margin",
                              "providers", "min_providers"}) {
     j["outer"].erase(timing);  // the head's business: providers need not agree on them
   }

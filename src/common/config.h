@@ -125,7 +125,19 @@ struct OuterConfig {
   double dead_after_s = 20;      // a provider silent this long is dead (its round goes on without it)
   double hello_interval_s = 5;   // a member's HELLO this soon after its admission is ignored
   double norm_bound = 10;        // a contribution whose norm exceeds this × the median of its
-                                 // peers' (this round's and the last's) is refused; 0 = off
+                                 // peers' (one norm per provider) is refused; 0 = off
+  bool norm_clip = true;         // each accepted contribution over that median is scaled down to
+                                 // it, and one under median / norm_bound refused (aggregate.h)
+  double trust_region = 0;       // a round moves a trained tensor by at most this × its norm
+                                 // (+ inner.lr × inner_steps per element); 0 = off (opt-in:
+                                 // at 1 it bound an honest 1-provider H=4 run's zero biases)
+  // Contribution scoring (off by default; its cost is a forward pass over score_batches batches
+  // per contribution, on the head): each contribution the norm rule accepts is applied alone to
+  // θ at the outer rate and the loss on score_batches validation batches measured; one that
+  // raises it by more than score_margin is refused (low_score).
+  bool score = false;
+  int score_batches = 2;
+  double score_margin = 0;
   double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
   // "none": a provider waits for round r's update before training round r + 1. "delayed": it

@@ -20,9 +20,9 @@ constexpr std::array<const char*, std::variant_size_v<Body>> kTypeNames = {
     "HELLO", "WELCOME", "HEARTBEAT", "ROUND_START", "CONTRIBUTION", "UPDATE", "BYE", "ERROR"};
 
 // Same order as RefusalCode.
-constexpr std::array<const char*, 10> kRefusalNames = {
+constexpr std::array<const char*, 11> kRefusalNames = {
     "malformed", "config_hash", "full", "bad_shard", "rejoin", "future_round", "bad_frame",
-    "bad_tokens", "outlier", "unexpected"};
+    "bad_tokens", "outlier", "low_score", "unexpected"};
 static_assert(kRefusalNames.size() == static_cast<std::size_t>(RefusalCode::kUnexpected) + 1,
               "one wire name per RefusalCode");
 

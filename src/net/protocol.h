@@ -57,6 +57,7 @@ enum class RefusalCode {
   kBadFrame,     // CONTRIBUTION whose codec frame does not decode into the run's model
   kBadTokens,    // CONTRIBUTION claiming no tokens, or more than its round's schedule allows
   kOutlier,      // CONTRIBUTION whose norm is far beyond its peers' (outer.norm_bound)
+  kLowScore,     // CONTRIBUTION that alone raises the loss on held-out batches (outer.score)
   kUnexpected,   // a message type this end never receives
 };
 const char* to_string(RefusalCode code);  // the wire name: "config_hash", "rejoin", …

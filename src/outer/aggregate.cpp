@@ -14,7 +14,7 @@
 namespace xloco::outer {
 
 NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expected, double bound,
-                       bool final_pass) {
+                       bool final_pass, bool clip_to_median) {
   if (bound <= 0) return {NormAction::kAccept, "outer.norm_bound is 0: norms are not judged"};
   // Zero (or negative, never measured) norms say nothing of an honest scale: they do not count
   // toward the quorum and cannot pull the median down.
@@ -23,7 +23,7 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expect
                   reference.end());
   const size_t quorum = expected / 2 + 1;
   if (reference.size() < quorum) {
-    if (!final_pass) return {NormAction::kWait, "waits for a quorum of norms to compare it with"};
+    if (!final_pass) return {NormAction::kWait, "waits for a quorum of norms to compare it with", 1};
     return {NormAction::kRefuse,
             fmt::format("no quorum to judge it: {} providers' norms, {} needed (more than half of "
                         "the round's {})", reference.size(), quorum, expected)};
@@ -33,18 +33,51 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expect
   const auto mid = reference.begin() + static_cast<std::ptrdiff_t>((reference.size() - 1) / 2);
   std::nth_element(reference.begin(), mid, reference.end());
   const double median = *mid;
+  if (clip_to_median && !(norm * bound >= median)) {  // a zero or tiny frame only dilutes Δ
+    return {NormAction::kRefuse,
+            fmt::format("its norm {:.4g} is under 1/{:g} of the median {:.4g} of {} providers' "
+                        "(outer.norm_bound): it would only dilute the round's mean",
+                        norm, bound, median, reference.size())};
+  }
   if (!(norm <= bound * median)) {  // NaN is refused too
     return {NormAction::kRefuse,
             fmt::format("its norm {:.4g} is {:.3g}× the median {:.4g} of {} providers' (over "
                         "outer.norm_bound {:g})",
                         norm, norm / median, median, reference.size(), bound)};
   }
-  return {NormAction::kAccept, fmt::format("norm {:.4g}, median of {} providers' {:.4g}", norm,
-                                           reference.size(), median)};
+  if (!clip_to_median || norm <= median) {
+    return {NormAction::kAccept, fmt::format("norm {:.4g}, median of {} providers' {:.4g}", norm,
+                                             reference.size(), median)};
+  }
+  return {NormAction::kAccept,
+          fmt::format("norm {:.4g} clipped to the median {:.4g} of {} providers' (×{:.3g})", norm,
+                      median, reference.size(), median / norm),
+          median / norm};
 }
 
-Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound, bool keep_frames)
-    : layout_(layout), norm_bound_(norm_bound), keep_frames_(keep_frames) {}
+TrustVerdict trust_verdict(const float* delta, const float* theta, int64_t n, double lr,
+                           const TrustRegion& region) {
+  if (!(region.tau > 0) || n <= 0) return {};
+  double dd = 0, tt = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    dd += static_cast<double>(delta[i]) * delta[i];
+    tt += static_cast<double>(theta[i]) * theta[i];
+  }
+  const double step = std::fabs(lr) * std::sqrt(dd);
+  const double radius = region.tau * std::sqrt(tt) + region.floor * std::sqrt(static_cast<double>(n));
+  if (!(radius > 0)) return {1, 0};
+  const double ratio = step / radius;
+  if (!(ratio > 1)) return {1, ratio};
+  return {static_cast<float>(1 / ratio), ratio};
+}
+
+TrustRegion trust_region_of(const common::Config& config) {
+  return {config.outer.trust_region, config.inner.lr * config.outer.inner_steps};
+}
+
+Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound, bool keep_frames,
+                       bool norm_clip)
+    : layout_(layout), norm_bound_(norm_bound), keep_frames_(keep_frames), norm_clip_(norm_clip) {}
 
 void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
                        const common::FlatLayout* part, size_t part_index, bool reference) {
@@ -55,6 +88,8 @@ void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
   }
   accepted_.clear();
   accepted_peers_.clear();
+  clipped_.clear();
+  scores_.clear();
   kept_.clear();
   part_ = part;
   part_index_ = part_index;
@@ -118,24 +153,51 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
   std::vector<Rejected> rejected;
   // Norms are judged once every expected provider has one (this round's, or its last accepted
   // one) or at the round's end: the reference is then the same whatever order frames arrived in.
+  // With outer.norm_clip the clip factor moves with every norm of the reference, so it waits
+  // for this round's norm of every provider not skipped: a last round's norm standing in for
+  // one still on its way would make the factors, and θ, depend on the arrival order.
   bool all_known = true;
-  for (const auto& e : order_) all_known = all_known && (e.norm || history_norm(e.peer));
+  for (const auto& e : order_) {
+    all_known = all_known && (norm_clip_ ? e.norm.has_value() || e.slot == Slot::kDone
+                                         : e.norm || history_norm(e.peer));
+  }
   if (!all_known && !final_pass && norm_bound_ > 0) return rejected;
   for (; next_ < order_.size(); ++next_) {
     Entry& e = order_[next_];
     if (e.slot == Slot::kExpected && !final_pass) break;
     if (e.slot == Slot::kHeld) {
-      const auto v = judge_norm(*e.norm, reference(), order_.size(), norm_bound_, true);
+      const auto v =
+          judge_norm(*e.norm, reference(), order_.size(), norm_bound_, true, norm_clip_);
       if (v.action == NormAction::kWait) break;
       if (v.action == NormAction::kRefuse) {
         e.frame = {};
         rejected.push_back({e.peer, v.reason, net::RefusalCode::kOutlier});
       } else {
-        auto r = add_now(e);
+        const auto clip = static_cast<float>(v.clip);
+        std::optional<Rejected> scored;
+        if (scorer_) {
+          try {
+            const Score s = scorer_(e.peer, e.frame, clip);
+            scores_.emplace_back(e.peer, s.change);
+            if (s.refuse) scored = Rejected{e.peer, *s.refuse, net::RefusalCode::kLowScore};
+          } catch (const compress::FrameError& ex) {
+            scored = Rejected{e.peer, ex.what(), net::RefusalCode::kBadFrame};
+          }
+        }
+        if (scored) {
+          e.frame = {};
+          e.slot = Slot::kDone;
+          rejected.push_back(std::move(*scored));
+          continue;
+        }
+        auto r = add_now(e, clip);
         rejected.insert(rejected.end(), r.begin(), r.end());
         if (r.empty()) {
+          // The reference keeps its norm as sent (a clipped norm would drag the median down
+          // round after round); a norm over the median is clipped again in every round.
           accepted_.push_back(*e.norm);
           accepted_peers_.push_back(e.peer);
+          if (clip < 1.0f) clipped_.emplace_back(e.peer, clip);
         }
       }
     }
@@ -178,14 +240,16 @@ std::vector<double> Aggregator::reference() const {
 // fixed H the providers share H and the batch, so the weights are 1 and each frame is decoded
 // straight into Δ: no model-sized decode buffer. Time-budgeted rounds weigh by work. With
 // keep_frames the frame is kept instead (the relay applies it; add() decoded and checked it).
-std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e) {
+// A clip factor under 1 scales the values, not the weight: the contribution keeps its share of
+// Σ wᵢ (the divisor), only smaller.
+std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e, float clip) {
   net::Frame frame = std::exchange(e.frame, {});
   const double w = contribution_weight(e.tokens, ref_tokens_, allowance_);
   if (keep_frames_) {
-    kept_.push_back({e.peer, w, std::move(frame)});
+    kept_.push_back({e.peer, w, std::move(frame), clip});
   } else {
     try {
-      add_to_delta(frame, w);
+      add_to_delta(frame, clip == 1.0f ? w : w * static_cast<double>(clip));
     } catch (const compress::FrameError& ex) {
       return {{e.peer, ex.what(), net::RefusalCode::kBadFrame}};
     }

@@ -9,10 +9,13 @@
 //
 // A contribution's norm is measured when it arrives (decompressed, never written anywhere) and
 // judged (judge_norm) once every provider expected in the round has a norm — this round's, or
-// the last one accepted from it — or at the round's end: beyond outer.norm_bound × the lower
-// median of one norm per provider (design §10: its own included, each provider once, zero norms
-// left out), it is refused, so that one provider cannot move θ alone however it scales its
-// values. The median needs a quorum of more than half of the round's expected providers; without
+// the last one accepted from it — or at the round's end, against the lower median of one norm
+// per provider (design §10: its own included, each provider once, zero norms left out): beyond
+// outer.norm_bound × that median it is refused; with outer.norm_clip (the default) one under the
+// median / norm_bound is refused too (a zero or near-zero frame would only dilute the mean), and
+// every accepted one above the median is scaled down to it (its clip factor), so that no
+// provider moves θ by more than an honest provider's share however it scales its values. The
+// median needs a quorum of more than half of the round's expected providers; without
 // one at the round's end, nothing is accepted. Round 1 (and the first round after a head
 // restart) therefore waits for every expected frame or the deadline. A contribution of fewer
 // tokens than the round allows (a slower provider under outer.round_budget_s) is judged by its
@@ -22,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +33,7 @@
 
 #include <torch/types.h>
 
+#include "common/config.h"
 #include "common/layout.h"
 #include "compress/decoder.h"
 #include "net/frame.h"
@@ -40,13 +45,33 @@ enum class NormAction { kAccept, kWait, kRefuse };
 struct NormVerdict {
   NormAction action = NormAction::kAccept;
   std::string reason;
+  double clip = 1;  // accepted: the factor its values are scaled by (≤ 1; clip_to_median)
 };
 // A contribution of norm `norm` against `reference`, one norm per provider (its own included):
 // refused beyond `bound` × their lower median (bound 0: never judged). Zero norms do not count.
 // With fewer than a quorum (more than half of `expected`, the round's providers) it waits, or at
-// the round's end (`final_pass`) is refused: no quorum, no acceptance.
+// the round's end (`final_pass`) is refused: no quorum, no acceptance. With `clip_to_median`
+// (outer.norm_clip) a norm under median / bound is refused too, and an accepted norm over the
+// median gets clip = median / norm: scaled, it is the median.
 NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expected, double bound,
-                       bool final_pass);
+                       bool final_pass, bool clip_to_median = false);
+
+// outer.trust_region: the most one round may move a trained tensor, ‖lr·Δₜ‖ ≤ τ·‖θₜ‖ + floor·√nₜ
+// per tensor t (floor: inner.lr × outer.inner_steps, about the most AdamW moves an element from
+// zero in a round, so a tensor that starts at zero can move). A pure function, run identically
+// on the head and, under relay, on every replica (relay.h): sums in double, in element order.
+struct TrustRegion {
+  double tau = 0;    // 0: no trust region
+  double floor = 0;  // per element
+};
+struct TrustVerdict {
+  float scale = 1;    // Δₜ's factor: 1 within the region, else radius / ‖lr·Δₜ‖
+  double ratio = 0;   // ‖lr·Δₜ‖ / radius before scaling (0 with no region)
+};
+TrustVerdict trust_verdict(const float* delta, const float* theta, int64_t n, double lr,
+                           const TrustRegion& region);
+// The trust region of `config`'s run (tau 0 when outer.trust_region is 0).
+TrustRegion trust_region_of(const common::Config& config);
 
 class Aggregator {
  public:
@@ -56,7 +81,7 @@ class Aggregator {
   // never computed (delta() stays undefined) and a frame is decoded once on arrival, for its
   // norm and checks (Decoder::norm checks what decode does), not a second time into Δ.
   explicit Aggregator(const common::FlatLayout& layout, double norm_bound = 0,
-                      bool keep_frames = false);
+                      bool keep_frames = false, bool norm_clip = false);
 
   // A contribution that is not in Δ (and Δ is as it was before it): its frame failed to decode
   // (corrupt payload, non-finite values: kBadFrame), or its norm is an outlier (kOutlier).
@@ -88,6 +113,20 @@ class Aggregator {
   size_t added() const { return added_; }  // contributions in Δ
   // Norms of the contributions accepted into Δ, in adding order (this round's, until begin()).
   const std::vector<double>& accepted_norms() const { return accepted_; }
+  // outer.score: called for each contribution the norm rule accepts, in adding order, before it
+  // is added, with its frame and clip factor: the loss change its step alone causes on held-out
+  // batches, and a refusal (low_score) when that is over the margin. It may throw
+  // compress::FrameError (the contribution is then refused as bad_frame).
+  struct Score {
+    double change = 0;
+    std::optional<std::string> refuse;
+  };
+  using Scorer = std::function<Score(const std::string& peer, const net::Frame& frame, float clip)>;
+  void set_scorer(Scorer scorer) { scorer_ = std::move(scorer); }
+  // This round's scores (loss change) by provider, in adding order.
+  const std::vector<std::pair<std::string, double>>& scores() const { return scores_; }
+  // This round's clip factors under 1 (outer.norm_clip), by provider, in adding order.
+  const std::vector<std::pair<std::string, double>>& clipped() const { return clipped_; }
   size_t held_bytes() const;               // compressed frames waiting for their turn
   // The norm reference as a checkpoint keeps it: by fragment index, each provider's last
   // accepted norm, this round's included. restore_norm_history puts it back on resume.
@@ -99,6 +138,7 @@ class Aggregator {
     std::string peer;
     double weight = 1;
     net::Frame frame;
+    float clip = 1;  // its clip factor (judge_norm): the relay scales its values by it
   };
   const std::vector<Kept>& kept() const { return kept_; }
   double weight_sum() const { return weight_sum_; }
@@ -116,7 +156,7 @@ class Aggregator {
     std::optional<double> norm;  // once it has arrived
   };
   std::vector<Rejected> drain(bool final_pass);
-  std::vector<Rejected> add_now(Entry& e);
+  std::vector<Rejected> add_now(Entry& e, float clip);
   void add_to_delta(const net::Frame& frame, double w);  // throws compress::FrameError
   std::vector<double> reference() const;  // one norm per provider (judge_norm)
   std::optional<double> history_norm(const std::string& peer) const;
@@ -124,6 +164,10 @@ class Aggregator {
   const common::FlatLayout& layout_;
   const double norm_bound_;
   const bool keep_frames_;
+  const bool norm_clip_;
+  std::vector<std::pair<std::string, double>> clipped_;
+  Scorer scorer_;
+  std::vector<std::pair<std::string, double>> scores_;
   std::vector<Kept> kept_;
   std::vector<double> accepted_;  // this round's accepted norms
   std::vector<std::string> accepted_peers_;  // whose accepted_ are

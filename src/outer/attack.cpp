@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace xloco::outer {
 
@@ -39,7 +40,7 @@ std::optional<Attack> attack_for(const char* env, const std::string& name) {
     }
     XLOCO_ENFORCE(ok, common::ConfigError,
                   "XLOCO_ATTACK: \"{}\" is not NAME=KIND[:FACTOR] with KIND scale, negate, zero, "
-                  "noise or ramp (the test device of `make attack`)", item);
+                  "noise or ramp (the test device of `make attack`)", common::printable(item, 128));
     if (item.substr(0, eq) == name) found = a;
   }
   return found;

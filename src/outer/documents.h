@@ -44,10 +44,13 @@ struct ProviderStatus {
   // head since it was admitted (from the compute time each contribution reports, so a claim,
   // clamped to [0, 1]); null before its second contribution.
   std::optional<double> busy;
+  // outer.score: the loss change its last scored contribution caused alone (negative: it
+  // helped); null when scoring is off or before its first.
+  std::optional<double> score;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ProviderStatus, name, address, state, reason, up,
                                                 shard, last_round, step, tokens, tokens_per_s,
-                                                bytes_up, bytes_down, last_seen_s, busy)
+                                                bytes_up, bytes_down, last_seen_s, busy, score)
 
 // GET /status.
 struct HeadStatus {
@@ -99,12 +102,17 @@ struct RoundFields {
   std::string theta_pub_hash;                // after the update
   std::map<std::string, std::string> refused; // provider → why its contribution was refused
   std::string discarded;                     // why the round's outer step was not taken, if not
+  std::map<std::string, double> clipped;     // provider → clip factor under 1 (outer.norm_clip)
+  std::map<std::string, double> scores;      // provider → loss change alone (outer.score)
+  int trust_scaled = 0;                      // tensors outer.trust_region scaled
+  double trust_ratio = 0;                    // largest ‖lr·Δₜ‖ / trust radius, before scaling
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants, tokens, reason,
                                                 bytes_up, bytes_down, update_bytes, round_s,
                                                 compute_s, comm_s, frames, deadline_s,
                                                 late_contributions, round_wall_s, sync_overhead,
-                                                theta_pub_hash, refused, discarded)
+                                                theta_pub_hash, refused, discarded, clipped,
+                                                scores, trust_scaled, trust_ratio)
 struct RoundRecord : RoundFields {
   std::optional<double> eval_loss;       // when the round was evaluated
   std::optional<double> eval_accuracy;   // cnn

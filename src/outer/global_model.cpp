@@ -31,7 +31,7 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       evaluator_(std::make_unique<inner::InnerTrainer>(config, inner::make_model(config), solo_,
                                                        torch::Device(torch::kCPU))),
       aggregator_(evaluator_->layout(), config.outer.norm_bound,
-                  config.outer.codec_down == common::CodecKind::kRelay),
+                  config.outer.codec_down == common::CodecKind::kRelay, config.outer.norm_clip),
       down_enc_(downlink_codec(config.outer)),
       state_enc_(full_state_codec()) {
   opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel, layout().buffers_offset);
@@ -42,6 +42,49 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
   }
   theta_true_ = theta_pub().clone();
   pub_hash_ = evaluator_->param_hash();
+  if (config.outer.score) {
+    common::Config sc = config;
+    sc.inner.eval_batches = config.outer.score_batches;
+    score_group_ = std::make_unique<inner::Group>(inner::DistOptions{});
+    score_data_ = inner::make_dataset(sc, {0, 1});
+    scorer_ = std::make_unique<inner::InnerTrainer>(sc, inner::make_model(sc), *score_group_,
+                                                    torch::Device(torch::kCPU));
+    aggregator_.set_scorer([this](const std::string& peer, const net::Frame& frame, float clip) {
+      return score(peer, frame, clip);
+    });
+    spdlog::info("outer.score: each contribution is scored alone on {} validation batches "
+                 "(refused when it raises the loss by more than {:g})",
+                 config.outer.score_batches, config.outer.score_margin);
+  }
+}
+
+Aggregator::Score GlobalModel::score(const std::string& peer, const net::Frame& frame, float clip) {
+  torch::NoGradGuard guard;
+  const uint64_t round = pub_round_ + 1;  // the round being aggregated
+  const Fragment& part = fragment(round);
+  const double lr = outer_lr(config_.outer, static_cast<int64_t>(round), common::total_rounds(config_));
+  torch::Tensor& p = scorer_->params();
+  if (score_round_ != round) {
+    p.copy_(theta_true_);
+    score_base_ = scorer_->evaluate(*score_data_).loss;
+    score_round_ = round;
+  }
+  if (!score_scratch_.defined()) score_scratch_ = torch::empty_like(theta_true_);
+  score_scratch_.zero_();
+  compress::decode(dec_, frame.data(), frame.size(), part.layout, score_scratch_);
+  p.copy_(theta_true_);
+  const int64_t trained = layout().trained_numel();
+  p.narrow(0, 0, trained).sub_(score_scratch_.narrow(0, 0, trained), lr * clip);
+  const double loss = scorer_->evaluate(*score_data_).loss;
+  Aggregator::Score s{loss - score_base_, std::nullopt};
+  if (!(s.change <= config_.outer.score_margin)) {  // a NaN loss is refused too
+    s.refuse = fmt::format("alone, at the outer rate {:.3g}, it moves the loss on {} held-out "
+                           "batches from {:.4f} to {:.4f} ({:+.4g}, over outer.score_margin {:g})",
+                           lr, config_.outer.score_batches, score_base_, loss, s.change,
+                           config_.outer.score_margin);
+  }
+  spdlog::debug("round {}: {} scores {:+.4g}", round, peer, s.change);
+  return s;
 }
 
 std::int64_t GlobalModel::max_update_bytes() const {
@@ -159,6 +202,8 @@ GlobalModel::Closed GlobalModel::close_round() {
   torch::NoGradGuard guard;
   Closed out;
   out.rejected = aggregator_.finish();
+  out.clipped = aggregator_.clipped();
+  out.scores = aggregator_.scores();
   torch::Tensor& delta = aggregator_.delta();
   const Fragment& part = fragment(pub_round_ + 1);  // the round closing
   const double lr = outer_lr(config_.outer, pub_round_ + 1, common::total_rounds(config_));
@@ -167,18 +212,38 @@ GlobalModel::Closed GlobalModel::close_round() {
     // The update is the accepted frames themselves (relay.h): θ_true takes them as every
     // provider will; no downlink residual, so θ_pub becomes θ_true exactly.
     RelayBundle relay{static_cast<float>(lr), aggregator_.weight_sum(), {}};
-    for (const auto& k : aggregator_.kept()) relay.parts.push_back({k.peer, k.weight, k.frame, false});
+    for (const auto& k : aggregator_.kept()) {
+      relay.parts.push_back({k.peer, k.weight, k.frame, false, k.clip});
+    }
     if (const auto at = apply_relay(dec_, relay, theta_true_, part.layout,
                                     config_.outer.relay_mean, config_.outer.relay_clip,
-                                    relay_buf_)) {
+                                    relay_buf_, trust_region_of(config_))) {
       const auto& slot = layout().slot_at(*at);
       out.discarded = fmt::format(
           "the relayed step would make {}[{}] non-finite (θ {}): round discarded, θ kept",
           slot.name, *at - slot.offset, theta_true_[*at].item<float>());
       relay.parts.clear();
     }
+    out.trust_scaled = relay_buf_.trust_scaled;
+    out.trust_ratio = relay_buf_.trust_ratio;
     out.update = net::Frame(write_relay(relay));
   } else if (aggregator_.added() > 0) {
+    // The trust region (aggregate.h): each trained tensor's lr·Δₜ scaled into it, before the
+    // step, so that the momentum takes the bounded Δ too.
+    const TrustRegion region = trust_region_of(config_);
+    if (region.tau > 0) {
+      const int64_t trained = layout().trained_numel();
+      float* d = delta.data_ptr<float>();
+      const float* t = theta_true_.data_ptr<float>();
+      for (const auto& s : part.layout.slots) {
+        if (s.offset >= trained) continue;
+        const auto v = trust_verdict(d + s.offset, t + s.offset, s.numel, lr, region);
+        out.trust_ratio = std::max(out.trust_ratio, v.ratio);
+        if (v.scale == 1.0f) continue;
+        ++out.trust_scaled;
+        for (int64_t i = s.offset; i < s.offset + s.numel; ++i) d[i] = v.scale * d[i];
+      }
+    }
     if (const auto at = opt_->non_finite_at(theta_true_, delta, part.begin, part.end)) {
       const auto& slot = layout().slot_at(*at);
       out.discarded = fmt::format(

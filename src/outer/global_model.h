@@ -99,6 +99,10 @@ class GlobalModel {
     std::vector<Aggregator::Rejected> rejected;
     bool deferred = false;
     std::optional<std::string> discarded;
+    std::vector<std::pair<std::string, double>> clipped;  // clip factors under 1 (aggregate.h)
+    std::vector<std::pair<std::string, double>> scores;   // outer.score: loss change by provider
+    int trust_scaled = 0;    // trained tensors outer.trust_region scaled (aggregate.h)
+    double trust_ratio = 0;  // the largest ‖lr·Δₜ‖ / radius before scaling (0: no region)
   };
   Closed close_round();
   bool has_pending() const { return !pending_.empty(); }
@@ -129,6 +133,10 @@ class GlobalModel {
   HeadCheckpointState load_checkpoint(const std::string& dir, const std::string& config_hash);
   // θ_pub ← θ_pub + the update (its fragment): apply_update, or with relay θ_true's values.
   void apply_to_pub(const net::Frame& update, const Fragment& part);
+  // outer.score (Aggregator::Scorer): the loss on the score batches of θ_true − lr·clip·deq(frame)
+  // against θ_true's (measured once a round), on a model of its own: θ_pub's evaluator may be
+  // running on its thread meanwhile.
+  Aggregator::Score score(const std::string& peer, const net::Frame& frame, float clip);
 
   common::Config config_;
   inner::Group solo_{inner::DistOptions{}};
@@ -152,6 +160,13 @@ class GlobalModel {
   const uint8_t* state_data_ = nullptr;
   size_t state_size_ = 0;
   std::string pub_hash_, prev_hash_;
+  // outer.score: its own group, data (outer.score_batches validation batches) and model.
+  std::unique_ptr<inner::Group> score_group_;
+  std::unique_ptr<inner::Dataset> score_data_;
+  std::unique_ptr<inner::InnerTrainer> scorer_;
+  torch::Tensor score_scratch_;
+  uint64_t score_round_ = 0;   // the round score_base_ was measured for (0: none)
+  double score_base_ = 0;
 };
 
 }  // namespace xloco::outer

@@ -158,6 +158,17 @@ void Head::Impl::close_round(const std::string& reason) {
   if (!closed.deferred) model.rehash();
   rec.theta_pub_hash = closed.deferred ? "" : model.pub_hash();
   rec.discarded = closed.discarded.value_or("");
+  for (const auto& [peer, clip] : closed.clipped) rec.clipped[peer] = clip;
+  for (const auto& [peer, change] : closed.scores) {
+    rec.scores[peer] = change;
+    if (const auto it = members.find(peer); it != members.end()) it->second.score = change;
+  }
+  rec.trust_scaled = closed.trust_scaled;
+  rec.trust_ratio = closed.trust_ratio;
+  if (closed.trust_scaled > 0) {
+    spdlog::warn("round {}: outer.trust_region scaled {} tensor(s) of the step (largest {:.3g}× "
+                 "the radius)", round.round, closed.trust_scaled, closed.trust_ratio);
+  }
   const bool evaluate = last || (cfg.outer.eval_every > 0 && done_rounds % cfg.outer.eval_every == 0);
   if (evaluate && eval_due) ledger.skip_eval(*eval_due, "a later round was due before it could start");
   if (evaluate) eval_due = done_rounds;

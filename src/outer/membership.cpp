@@ -361,6 +361,7 @@ std::vector<ProviderStatus> provider_statuses(const Members& members, Clock::tim
     p.tokens_per_s = m.tokens_per_s;
     p.bytes_up = m.bytes_up;
     p.bytes_down = m.bytes_down;
+    p.score = m.score;
     const double span = std::chrono::duration<double>(m.last_contribution - m.first_contribution).count();
     if (m.first_contribution != Clock::time_point{} && span > 0) {
       p.busy = std::clamp(m.compute_since_first_s / span, 0.0, 1.0);

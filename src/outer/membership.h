@@ -52,6 +52,7 @@ struct Member {
   std::deque<double> round_s;              // its recent round times (ROUND_START → CONTRIBUTION)
   // The round after which this head process last sent it θ_pub in full (none: never).
   std::optional<uint64_t> full_state_round;
+  std::optional<double> score;             // outer.score: its last contribution's loss change
 };
 using Members = std::map<std::string, Member>;
 

@@ -235,7 +235,7 @@ class Leader {
     }
     if (const auto at = apply_relay(dec_, b, theta_pub, fragment(r).layout,
                                     cfg_.outer.relay_mean, cfg_.outer.relay_clip,
-                                    relay_buf_)) {
+                                    relay_buf_, trust_region_of(cfg_))) {
       return fmt::format("round {}'s relayed update makes element {} non-finite", r, *at);
     }
     return std::nullopt;

@@ -64,6 +64,7 @@ std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiv
     put<uint16_t>(out, static_cast<uint16_t>(p.peer.size()));
     out.insert(out.end(), p.peer.begin(), p.peer.end());
     put<double>(out, p.weight);
+    put<float>(out, p.clip);
     put<uint8_t>(out, own ? 1 : 0);
     const uint64_t bytes = own ? 0 : p.frame.size();
     put<uint64_t>(out, bytes);
@@ -105,6 +106,9 @@ RelayBundle read_relay(const net::Frame& bundle) {
     p.weight = r.get<double>("a part's weight");
     XLOCO_FRAME_ENFORCE(std::isfinite(p.weight) && p.weight > 0, kCorrupt,
                         "relay part #{} ('{}'): weight {}", i, p.peer, p.weight);
+    p.clip = r.get<float>("a part's clip factor");
+    XLOCO_FRAME_ENFORCE(p.clip > 0 && p.clip <= 1, kCorrupt,
+                        "relay part #{} ('{}'): clip factor {} outside (0, 1]", i, p.peer, p.clip);
     const auto flags = r.get<uint8_t>("a part's flags");
     XLOCO_FRAME_ENFORCE((flags & ~1u) == 0, kCorrupt, "relay part #{} ('{}'): unknown flags {:#x}",
                         i, p.peer, flags);
@@ -148,7 +152,10 @@ void for_each_block(const common::FlatLayout& part, int64_t block, F&& f) {
 
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
-                                   common::RelayMean mean, double clip, RelayBuffers& buf) {
+                                   common::RelayMean mean, double clip, RelayBuffers& buf,
+                                   const TrustRegion& trust) {
+  buf.trust_scaled = 0;
+  buf.trust_ratio = 0;
   if (b.parts.empty()) return std::nullopt;
   const bool clipped = mean == common::RelayMean::kClipped;
   const bool present = mean != common::RelayMean::kAll;  // "present" and "clipped" count senders
@@ -173,12 +180,18 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     const RelayPart& p = b.parts[q];
     XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
                         "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
-    if (p.weight == 1.0 && !present) {
+    if (p.weight == 1.0 && p.clip == 1.0f && !present) {
       compress::decode_add(decoder, p.frame.data(), p.frame.size(), part, buf.acc);
       continue;
     }
     float* x = sized(buf.values, theta);
     compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
+    if (p.clip != 1.0f) {  // clipped to the median norm by the head (aggregate.h): its values
+      const float k = p.clip;
+      for (const auto& s : part.slots) {
+        for (int64_t i = s.offset; i < s.offset + s.numel; ++i) x[i] = k * x[i];
+      }
+    }
     const auto w = static_cast<float>(p.weight);
     if (!present) {
       for (const auto& s : part.slots) {
@@ -230,17 +243,34 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
       });
     }
   }
-  // The new θ into acc first: θ stays as it was unless every value is finite.
+  // The new θ into acc first: θ stays as it was unless every value is finite. With a trust
+  // region, each trained tensor's mean goes to `values` first, to be measured and scaled.
   const float* t = theta.data_ptr<float>();
   const float lr = b.lr;
   const int64_t trained = part.trained_numel();
   const float* e = clipped ? buf.extra.data_ptr<float>() : nullptr;
+  const bool region = trust.tau > 0;
+  float* dv = region ? sized(buf.values, theta) : nullptr;
   for (const auto& s : part.slots) {
+    float scale = 1.0f;
+    if (region && s.offset < trained) {
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+        dv[i] = clipped    ? (a[i] + e[i]) / sum
+                : !present ? a[i] / sum
+                : c[i] > 0.0f ? a[i] / c[i]
+                              : 0.0f;
+      }
+      const auto v = trust_verdict(dv + s.offset, t + s.offset, s.numel, lr, trust);
+      scale = v.scale;
+      buf.trust_ratio = std::max(buf.trust_ratio, v.ratio);
+      buf.trust_scaled += scale < 1.0f ? 1 : 0;
+    }
     for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-      const float d = clipped    ? (a[i] + e[i]) / sum
-                      : !present ? a[i] / sum
-                      : c[i] > 0.0f ? a[i] / c[i]
-                                    : 0.0f;
+      float d = clipped    ? (a[i] + e[i]) / sum
+                : !present ? a[i] / sum
+                : c[i] > 0.0f ? a[i] / c[i]
+                              : 0.0f;
+      if (scale != 1.0f) d = scale * d;
       // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
       a[i] = i < trained ? t[i] - lr * d : t[i] - d;
       if (!std::isfinite(a[i])) return i;

@@ -7,10 +7,13 @@
 // Outer SGD only (outer.momentum 0): a momentum would have to live on every replica.
 //
 // Bundle (all integers little-endian; one binary frame of an UPDATE message):
-//   "XLRB"  u16 version (1)  u16 reserved (0)  u32 parts  f32 lr  f64 weight_sum
+//   "XLRB"  u16 version (2)  u16 reserved (0)  u32 parts  f32 lr  f64 weight_sum
 //   per part, in the head's aggregation order: u16 name_len, name bytes (the provider),
-//     f64 weight, u8 flags (bit 0: the frame is left out: it is the receiver's own),
+//     f64 weight, f32 clip (its clip factor, (0, 1]: outer.norm_clip, aggregate.h),
+//     u8 flags (bit 0: the frame is left out: it is the receiver's own),
 //     u64 frame_bytes, the codec frame (compress/frame.h; none when left out)
+// Below, deq(frameₖ) stands for clipₖ·deq(frameₖ): each replica scales a clipped frame's values
+// as the head did, so all apply the same clipped sum (a clip of 1 changes nothing).
 // θ ← θ − lr · (Σ wₖ·deq(frameₖ)) / weight_sum, elementwise in float, in part order; with
 // outer.relay_mean "present" each element's divisor is instead the weight of the parts whose
 // value there is not zero (Σ_{k: deq(frameₖ)ᵢ ≠ 0} wₖ; an element none sent does not move).
@@ -19,6 +22,8 @@
 // smallest sent magnitude in that block times outer.relay_clip (a part's unsent values are
 // below the ones it sent), so θ ← θ − lr · (Σ wₖ·deq(frameₖ) + Σ_{k not sent} wₖ·sign(mᵢ)·
 // min(|mᵢ|, clip·least_k(block))) / weight_sum. clip 0 is "all", clip ∞ "present".
+// With outer.trust_region each trained tensor's lr·(that mean) is then scaled into its trust
+// region (aggregate.h trust_verdict), on every replica alike.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +37,12 @@
 #include "common/layout.h"
 #include "compress/decoder.h"
 #include "net/frame.h"
+#include "outer/aggregate.h"
 
 namespace xloco::outer {
 
 inline constexpr char kRelayMagic[4] = {'X', 'L', 'R', 'B'};
-inline constexpr uint16_t kRelayVersion = 1;
+inline constexpr uint16_t kRelayVersion = 2;
 inline constexpr uint32_t kMaxRelayParts = 4096;  // more providers than any run has
 inline constexpr uint32_t kMaxRelayName = 1024;
 
@@ -45,6 +51,7 @@ struct RelayPart {
   double weight = 1;
   net::Frame frame;  // empty when left out (`own`)
   bool own = false;  // the receiver's own contribution: it fills the frame in
+  float clip = 1;    // its clip factor: its values are scaled by it
 };
 
 struct RelayBundle {
@@ -72,6 +79,8 @@ RelayBundle read_relay(const net::Frame& bundle);
 struct RelayBuffers {
   torch::Tensor acc, values, present, extra;
   std::vector<std::vector<uint64_t>> sent;
+  int trust_scaled = 0;     // the last apply_relay: tensors its trust region scaled
+  double trust_ratio = 0;   // and the largest ‖lr·Δₜ‖ / radius before scaling
 };
 
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
@@ -82,6 +91,7 @@ struct RelayBuffers {
 // (flat index). Parts flagged `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
-                                   common::RelayMean mean, double clip, RelayBuffers& buf);
+                                   common::RelayMean mean, double clip, RelayBuffers& buf,
+                                   const TrustRegion& trust = {});
 
 }  // namespace xloco::outer

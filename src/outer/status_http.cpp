@@ -5,6 +5,7 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <cmath>
 #include <charconv>
 #include <chrono>
 #include <list>
@@ -443,6 +444,16 @@ std::string prometheus_text(const HeadStatus& s) {
   per_provider("xloco_provider_bytes_up_total", "counter", "Contribution bytes from the provider.", [](P p) { return p.bytes_up; });
   per_provider("xloco_provider_bytes_down_total", "counter", "Bytes sent to the provider.", [](P p) { return p.bytes_down; });
   per_provider("xloco_provider_last_seen_seconds", "gauge", "Seconds since the provider was last heard from.", [](P p) { return p.last_seen_s; });
+  if (std::any_of(s.providers.begin(), s.providers.end(), [](P p) { return p.score.has_value(); })) {
+    metric("xloco_provider_score", "gauge",
+           "outer.score: the loss change the provider's last scored contribution caused alone (negative: it helped).");
+    for (const auto& p : s.providers) {
+      if (!p.score) continue;
+      out += fmt::format("xloco_provider_score{{run=\"{}\",provider=\"{}\"}} {}\n", escape_label(s.run),
+                         escape_label(p.name),
+                         std::isfinite(*p.score) ? fmt::format("{}", *p.score) : std::string("NaN"));
+    }
+  }
   return out;
 }
 

@@ -228,8 +228,8 @@ bool contributed(const outer::RoundRecord& r, const std::string& who) { return r
 
 // What a compromised provider does to its CONTRIBUTION on the way out: `attack` gets the
 // message and the values its frame carries (decoded), and rewrites either.
-using Attack = std::function<void(net::Contribution&, const common::FlatLayout&, torch::Tensor&)>;
-net::inproc::Faults::Rewrite rogue(const std::string& run, Attack attack) {
+using Tamper = std::function<void(net::Contribution&, const common::FlatLayout&, torch::Tensor&)>;
+net::inproc::Faults::Rewrite rogue(const std::string& run, Tamper attack) {
   return [run, attack](const net::Message& m) {
     auto env = net::decode(m, run);
     auto* c = std::get_if<net::Contribution>(&env.body);
@@ -617,10 +617,13 @@ TEST_SUITE("inproc_run") {
       outer::RunSummary summary;
       std::string metrics, table;
     };
-    const auto run_once = [](const std::string& tag, const Attack& attack) {
+    const auto run_once = [](const std::string& tag, const Tamper& attack) {
       ThreadedRun run(tag, 4);
       run.cfg.outer.min_providers = 3;
       run.cfg.outer.start_grace_s = 2;  // the run without the rogue starts with three
+      // The refusal rules alone: under outer.norm_clip the rogue's norm is one of the median's,
+      // so honest clip factors (and θ) would differ from the run without it by design.
+      run.cfg.outer.norm_clip = false;
       auto head = run.head(false, /*http=*/true);
       if (attack) run.network->faults().tamper("p3", rogue(run.cfg.run.name, attack));
       for (int i = 0; i < (attack ? 4 : 3); ++i) run.provider("p" + std::to_string(i), i);
@@ -644,7 +647,7 @@ TEST_SUITE("inproc_run") {
       const char* name;
       const char* code;
       const char* says;
-      Attack attack;
+      Tamper attack;
     };
     const std::vector<Case> cases = {
         {"tokens = 2^64 - 1", "bad_tokens", "the round's schedule allows",

@@ -10,6 +10,7 @@
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
 #include "outer/aggregate.h"
+#include "outer/attack.h"
 #include "outer/leader_rules.h"
 #include "common/json_text.h"
 #include "outer/documents.h"
@@ -612,6 +613,121 @@ TEST_SUITE("membership") {
       CHECK(rejected[0].code == RefusalCode::kOutlier);
       CHECK(agg.added() == 3);  // h1, h2 and the harmless zero
     }
+  }
+
+  TEST_CASE("judge_norm with outer.norm_clip: over the median it is accepted with a clip factor that makes it the median; under median / bound it is refused; the reason says so") {
+    const auto over = judge_norm(4, {1, 2, 4, 8}, 4, 10, true, true);  // lower median 2
+    CHECK(over.action == NormAction::kAccept);
+    CHECK(over.clip == doctest::Approx(0.5));
+    CHECK(over.reason.find("clipped to the median 2 of 4 providers'") != std::string::npos);
+    const auto at = judge_norm(2, {1, 2, 4, 8}, 4, 10, true, true);
+    CHECK(at.action == NormAction::kAccept);
+    CHECK(at.clip == 1);
+    CHECK(judge_norm(1, {1, 2, 4, 8}, 4, 10, true, true).clip == 1);  // under it: as sent
+    // Still refused far over the bound, and now also far under it.
+    CHECK(judge_norm(21, {1, 2, 4, 21}, 4, 10, true, true).action == NormAction::kRefuse);
+    const auto tiny = judge_norm(0.1, {0.1, 2, 4, 8}, 4, 10, true, true);
+    CHECK(tiny.action == NormAction::kRefuse);
+    CHECK(tiny.reason.find("would only dilute") != std::string::npos);
+    CHECK(judge_norm(0, {0, 2, 4, 8}, 4, 10, true, true).action == NormAction::kRefuse);
+    // Without clipping (today's rule before it): a zero frame is accepted, a large one as sent.
+    CHECK(judge_norm(0, {0, 2, 4, 8}, 4, 10, true, false).action == NormAction::kAccept);
+    CHECK(judge_norm(8, {1, 2, 4, 8}, 4, 10, true, false).clip == 1);
+  }
+
+  TEST_CASE("aggregation with outer.norm_clip: a provider that scales its values ×9 moves Δ no more than one at the median; the relay's kept frames carry the same factor") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    const auto honest = torch::full({512}, 0.01f);
+    for (const bool keep : {false, true}) {
+      CAPTURE(keep);
+      Aggregator agg(layout, 10, keep, /*norm_clip=*/true);
+      agg.begin({"a", "b", "c", "x"});
+      CHECK(agg.add("a", encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+      CHECK(agg.add("b", encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+      CHECK(agg.add("c", encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+      CHECK(agg.add("x", encoded(layout, honest * -9, compress::Codec::kInt8), 100).empty());
+      CHECK(agg.finish().empty());
+      CHECK(agg.added() == 4);
+      REQUIRE(agg.clipped().size() == 1);
+      CHECK(agg.clipped()[0].first == "x");
+      CHECK(agg.clipped()[0].second == doctest::Approx(1.0 / 9).epsilon(0.01));
+      if (keep) {
+        REQUIRE(agg.kept().size() == 4);
+        CHECK(agg.kept()[3].clip == doctest::Approx(1.0 / 9).epsilon(0.01));
+        CHECK(agg.kept()[0].clip == 1.0f);
+      } else {
+        // (3 × 0.01 − 0.01) / 4: the reversed one counts as one honest provider's share, not 9.
+        CHECK(agg.delta()[0].item<float>() == doctest::Approx(0.005).epsilon(0.01));
+      }
+    }
+    // Without it (outer.norm_clip false), the same round: (3 × 0.01 − 0.09) / 4 = −0.015.
+    Aggregator plain(layout, 10);
+    plain.begin({"a", "b", "c", "x"});
+    for (const char* p : {"a", "b", "c"}) CHECK(plain.add(p, encoded(layout, honest, compress::Codec::kInt8), 100).empty());
+    CHECK(plain.add("x", encoded(layout, honest * -9, compress::Codec::kInt8), 100).empty());
+    CHECK(plain.finish().empty());
+    CHECK(plain.delta()[0].item<float>() == doctest::Approx(-0.015).epsilon(0.01));
+  }
+
+  TEST_CASE("aggregation with outer.norm_clip: a zero frame is refused rather than diluting the mean") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    const auto honest = torch::full({512}, 0.01f);
+    Aggregator agg(layout, 10, false, true);
+    agg.begin({"a", "b", "c", "z"});
+    CHECK(agg.add("z", encoded(layout, honest * 0, compress::Codec::kInt8), 100).empty());
+    std::vector<Aggregator::Rejected> rejected;
+    for (const char* p : {"a", "b", "c"}) {
+      const auto r = agg.add(p, encoded(layout, honest, compress::Codec::kInt8), 100);
+      rejected.insert(rejected.end(), r.begin(), r.end());
+    }
+    const auto r = agg.finish();
+    rejected.insert(rejected.end(), r.begin(), r.end());
+    REQUIRE(rejected.size() == 1);
+    CHECK(rejected[0].peer == "z");
+    CHECK(rejected[0].code == RefusalCode::kOutlier);
+    CHECK(agg.added() == 3);
+    CHECK(agg.delta()[0].item<float>() == doctest::Approx(0.01).epsilon(0.01));  // not 0.0075
+  }
+
+  TEST_CASE("XLOCO_ATTACK (the attack table's test device): parsed per provider, malformed text refused by name, each attack what it says") {
+    CHECK_FALSE(attack_for(nullptr, "p").has_value());
+    CHECK_FALSE(attack_for("", "p").has_value());
+    const char* env = "provider-3=scale:1000,provider-5=negate:9,provider-6=zero";
+    CHECK_FALSE(attack_for(env, "provider-0").has_value());
+    const auto a = attack_for(env, "provider-5");
+    REQUIRE(a.has_value());
+    CHECK(a->kind == AttackKind::kNegate);
+    CHECK(a->factor == 9);
+    for (const char* bad : {"provider-3=scale", "provider-3=scale:x", "provider-3=melt:2", "=zero", "zero"}) {
+      CAPTURE(bad);
+      CHECK_THROWS_AS(attack_for(bad, "provider-3"), common::ConfigError);
+    }
+    const auto d = torch::full({64}, 0.5f);
+    CHECK(torch::allclose(apply_attack(*attack_for("p=scale:4", "p"), 1, d), d * 4));
+    CHECK(torch::allclose(apply_attack(*attack_for("p=negate:9", "p"), 1, d), d * -9));
+    CHECK(apply_attack(*attack_for("p=zero", "p"), 1, d).abs().sum().item<float>() == 0);
+    CHECK(torch::allclose(apply_attack(*attack_for("p=ramp:2", "p"), 3, d), d * 4));
+    const auto n = apply_attack(*attack_for("p=noise:9", "p"), 2, d);
+    CHECK(n.norm().item<double>() == doctest::Approx(9 * d.norm().item<double>()).epsilon(1e-4));
+    CHECK(torch::equal(n, apply_attack(*attack_for("p=noise:9", "p"), 2, d)));  // reproducible
+  }
+
+  TEST_CASE("trust_verdict: lr·‖Δ‖ within τ·‖θ‖ + floor·√n is left alone; beyond, scaled onto the radius; τ 0 is off") {
+    std::vector<float> theta(100, 1.0f), delta(100, 0.05f);  // ‖θ‖ 10, ‖Δ‖ 0.5
+    const TrustRegion region{0.1, 0.0};                        // radius 1
+    auto v = trust_verdict(delta.data(), theta.data(), 100, 1.0, region);
+    CHECK(v.scale == 1.0f);
+    CHECK(v.ratio == doctest::Approx(0.5));
+    v = trust_verdict(delta.data(), theta.data(), 100, 4.0, region);  // step 2: twice the radius
+    CHECK(v.scale == doctest::Approx(0.5));
+    CHECK(v.ratio == doctest::Approx(2.0));
+    // A tensor at zero (a bias) may still move: the floor, per element.
+    std::vector<float> zero(100, 0.0f);
+    CHECK(trust_verdict(delta.data(), zero.data(), 100, 1.0, {0.1, 0.05}).scale == 1.0f);
+    CHECK(trust_verdict(delta.data(), zero.data(), 100, 1.0, {0.1, 0.01}).scale == doctest::Approx(0.2));
+    CHECK(trust_verdict(delta.data(), theta.data(), 100, 1e6, {0, 0}).scale == 1.0f);
   }
 
   TEST_CASE("outer step: one that would make theta or the momentum non-finite is found before it is taken") {

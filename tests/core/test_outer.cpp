@@ -913,7 +913,7 @@ TEST_SUITE("outer") {
     f[0] = 'Y';
     CHECK(kind(f) == compress::FrameErrorKind::kBadMagic);
     f = good;
-    f[4] = 2;  // version
+    f[4] = 1;  // version 1 (no clip factors): refused, not misread
     CHECK(kind(f) == compress::FrameErrorKind::kBadVersion);
     f = good;
     const uint32_t many = outer::kMaxRelayParts + 1;
@@ -928,11 +928,68 @@ TEST_SUITE("outer") {
     std::memcpy(f.data() + 24 + 2 + 2, &zero, 8);  // p0's weight (after name_len and "p0")
     CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
     f = good;
-    f[24 + 2 + 2 + 8] = 1;  // p0 flagged as left out, yet its frame follows
+    f[24 + 2 + 2 + 8 + 4] = 1;  // p0 flagged as left out, yet its frame follows
     CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    for (const float clip : {0.0f, -1.0f, 1.5f, nan}) {  // p0's clip factor: (0, 1] only
+      CAPTURE(clip);
+      f = good;
+      std::memcpy(f.data() + 24 + 2 + 2 + 8, &clip, 4);
+      CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    }
     f = good;
     f.push_back(0);
     CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+  }
+
+  TEST_CASE("relay: a part's clip factor travels in the bundle and scales its values on every replica alike; the trust region scales a tensor's step onto its radius") {
+    const common::FlatLayout layout = relay_layout();
+    compress::Decoder dec;
+    const net::Frame f0 = relay_frame(layout, 16, 11), f1 = relay_frame(layout, 16, 12);
+    auto v0 = torch::zeros({layout.numel}), v1 = torch::zeros({layout.numel});
+    compress::decode(dec, f0.data(), f0.size(), layout, v0);
+    compress::decode(dec, f1.data(), f1.size(), layout, v1);
+    outer::RelayBundle b{1.0f, 2.0, {{"p0", 1.0, f0, false, 1.0f}, {"p1", 1.0, f1, false, 0.25f}}};
+    const auto back = outer::read_relay(net::Frame(outer::write_relay(b)));
+    REQUIRE(back.parts.size() == 2);
+    CHECK(back.parts[0].clip == 1.0f);
+    CHECK(back.parts[1].clip == 0.25f);
+    torch::manual_seed(3);
+    const auto theta0 = torch::randn({layout.numel});
+    for (const auto mean : {common::RelayMean::kAll, common::RelayMean::kPresent, common::RelayMean::kClipped}) {
+      CAPTURE(static_cast<int>(mean));
+      auto head = theta0.clone(), replica = theta0.clone(), unclipped = theta0.clone();
+      outer::RelayBuffers b1, b2, b3;
+      CHECK_FALSE(outer::apply_relay(dec, b, head, layout, mean, 2.0, b1).has_value());
+      CHECK_FALSE(outer::apply_relay(dec, back, replica, layout, mean, 2.0, b2).has_value());
+      CHECK(torch::equal(head, replica));  // bit for bit
+      auto plain = b;
+      plain.parts[1].clip = 1.0f;
+      CHECK_FALSE(outer::apply_relay(dec, plain, unclipped, layout, mean, 2.0, b3).has_value());
+      CHECK_FALSE(torch::equal(head, unclipped));  // the factor was applied
+    }
+    // "all": θ − lr·(deq0 + 0.25·deq1)/2, elementwise.
+    auto all = theta0.clone();
+    outer::RelayBuffers ba;
+    CHECK_FALSE(outer::apply_relay(dec, b, all, layout, common::RelayMean::kAll, 2.0, ba).has_value());
+    CHECK(torch::allclose(all, theta0 - (v0 + 0.25 * v1) / 2, 1e-5, 1e-6));
+    // The trust region: a radius of 1 % of ‖θₜ‖ (no floor) scales both tensors' steps onto it.
+    auto bounded = theta0.clone();
+    outer::RelayBuffers bt;
+    CHECK_FALSE(outer::apply_relay(dec, b, bounded, layout, common::RelayMean::kAll, 2.0, bt,
+                                   outer::TrustRegion{0.01, 0}).has_value());
+    CHECK(bt.trust_scaled == 2);
+    CHECK(bt.trust_ratio > 1);
+    for (const auto& s : layout.slots) {
+      const auto step = (bounded - theta0).narrow(0, s.offset, s.numel).norm().item<double>();
+      const auto radius = 0.01 * theta0.narrow(0, s.offset, s.numel).norm().item<double>();
+      CHECK(step == doctest::Approx(radius).epsilon(1e-3));
+    }
+    auto wide = theta0.clone();
+    outer::RelayBuffers bw;
+    CHECK_FALSE(outer::apply_relay(dec, b, wide, layout, common::RelayMean::kAll, 2.0, bw,
+                                   outer::TrustRegion{100, 0}).has_value());
+    CHECK(bw.trust_scaled == 0);
+    CHECK(torch::equal(wide, all));  // within the region: the same bits as without one
   }
 
   TEST_CASE("relay: theta - lr * sum(w * deq(frame)) / sum(w), identical bits on every replica; a non-finite step leaves theta as it was") {
