@@ -23,7 +23,7 @@ NormVerdict judge_norm(double norm, std::vector<double> reference, size_t expect
                   reference.end());
   const size_t quorum = expected / 2 + 1;
   if (reference.size() < quorum) {
-    if (!final_pass) return {NormAction::kWait, "waits for a quorum of norms to compare it with", 1};
+    if (!final_pass) return {NormAction::kWait, "waits for a quorum of norms to compare it with"};
     return {NormAction::kRefuse,
             fmt::format("no quorum to judge it: {} providers' norms, {} needed (more than half of "
                         "the round's {})", reference.size(), quorum, expected)};

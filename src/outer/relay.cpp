@@ -249,27 +249,26 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
   const float lr = b.lr;
   const int64_t trained = part.trained_numel();
   const float* e = clipped ? buf.extra.data_ptr<float>() : nullptr;
+  const auto mean_at = [&](int64_t i) {  // the round's mean at element i
+    return clipped    ? (a[i] + e[i]) / sum
+           : !present ? a[i] / sum
+           : c[i] > 0.0f ? a[i] / c[i]
+                         : 0.0f;
+  };
   const bool region = trust.tau > 0;
   float* dv = region ? sized(buf.values, theta) : nullptr;
   for (const auto& s : part.slots) {
+    const bool measured = region && s.offset < trained;
     float scale = 1.0f;
-    if (region && s.offset < trained) {
-      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-        dv[i] = clipped    ? (a[i] + e[i]) / sum
-                : !present ? a[i] / sum
-                : c[i] > 0.0f ? a[i] / c[i]
-                              : 0.0f;
-      }
+    if (measured) {
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) dv[i] = mean_at(i);
       const auto v = trust_verdict(dv + s.offset, t + s.offset, s.numel, lr, trust);
       scale = v.scale;
       buf.trust_ratio = std::max(buf.trust_ratio, v.ratio);
       buf.trust_scaled += scale < 1.0f ? 1 : 0;
     }
     for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-      float d = clipped    ? (a[i] + e[i]) / sum
-                : !present ? a[i] / sum
-                : c[i] > 0.0f ? a[i] / c[i]
-                              : 0.0f;
+      float d = measured ? dv[i] : mean_at(i);
       if (scale != 1.0f) d = scale * d;
       // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
       a[i] = i < trained ? t[i] - lr * d : t[i] - d;

@@ -446,6 +446,21 @@ net::Frame encoded(const common::FlatLayout& layout, const torch::Tensor& values
   return net::Frame(std::move(frame));
 }
 
+// Adds each (provider, δ) as an int8 contribution of 100 tokens, in order, then finishes the
+// round: every refusal on the way.
+std::vector<Aggregator::Rejected> add_and_finish(
+    Aggregator& agg, const common::FlatLayout& layout,
+    const std::vector<std::pair<std::string, torch::Tensor>>& contributions) {
+  std::vector<Aggregator::Rejected> rejected;
+  for (const auto& [peer, delta] : contributions) {
+    const auto r = agg.add(peer, encoded(layout, delta, compress::Codec::kInt8), 100);
+    rejected.insert(rejected.end(), r.begin(), r.end());
+  }
+  const auto r = agg.finish();
+  rejected.insert(rejected.end(), r.begin(), r.end());
+  return rejected;
+}
+
 }  // namespace
 
 TEST_SUITE("membership") {
@@ -601,13 +616,8 @@ TEST_SUITE("membership") {
       agg.begin({"h1", "h2", "x", "y"});
       // The colluders come first: a zero frame, then one at 1e6 x the honest scale.
       CHECK(agg.add("x", encoded(layout, honest * 0, compress::Codec::kInt8), 100).empty());
-      auto rejected = agg.add("y", encoded(layout, honest * 1e6, compress::Codec::kInt8), 100);
-      for (const char* p : {"h1", "h2"}) {
-        const auto r = agg.add(p, encoded(layout, honest * 1.1, compress::Codec::kInt8), 100);
-        rejected.insert(rejected.end(), r.begin(), r.end());
-      }
-      const auto r = agg.finish();
-      rejected.insert(rejected.end(), r.begin(), r.end());
+      const auto rejected =
+          add_and_finish(agg, layout, {{"y", honest * 1e6}, {"h1", honest * 1.1}, {"h2", honest * 1.1}});
       REQUIRE(rejected.size() == 1);
       CHECK(rejected[0].peer == "y");
       CHECK(rejected[0].code == RefusalCode::kOutlier);
@@ -677,13 +687,7 @@ TEST_SUITE("membership") {
     Aggregator agg(layout, 10, false, true);
     agg.begin({"a", "b", "c", "z"});
     CHECK(agg.add("z", encoded(layout, honest * 0, compress::Codec::kInt8), 100).empty());
-    std::vector<Aggregator::Rejected> rejected;
-    for (const char* p : {"a", "b", "c"}) {
-      const auto r = agg.add(p, encoded(layout, honest, compress::Codec::kInt8), 100);
-      rejected.insert(rejected.end(), r.begin(), r.end());
-    }
-    const auto r = agg.finish();
-    rejected.insert(rejected.end(), r.begin(), r.end());
+    const auto rejected = add_and_finish(agg, layout, {{"a", honest}, {"b", honest}, {"c", honest}});
     REQUIRE(rejected.size() == 1);
     CHECK(rejected[0].peer == "z");
     CHECK(rejected[0].code == RefusalCode::kOutlier);
