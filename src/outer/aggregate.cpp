@@ -80,7 +80,8 @@ Aggregator::Aggregator(const common::FlatLayout& layout, double norm_bound, bool
     : layout_(layout), norm_bound_(norm_bound), keep_frames_(keep_frames), norm_clip_(norm_clip) {}
 
 void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
-                       const common::FlatLayout* part, size_t part_index, bool reference) {
+                       const common::FlatLayout* part, size_t part_index, bool reference,
+                       const std::set<std::string>& optional) {
   allowance_ = allowance;
   if (reference_) {  // each provider's last accepted norm stands until it has a newer one
     auto& h = history_[part_index_];
@@ -95,7 +96,10 @@ void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
   part_index_ = part_index;
   reference_ = reference;
   order_.clear();
-  for (auto& p : order) order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt});
+  for (auto& p : order) {
+    const bool opt = optional.count(p) > 0;
+    order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt, opt, false});
+  }
   next_ = 0;
   added_ = 0;
   ref_tokens_ = 0;
@@ -110,6 +114,7 @@ std::vector<Aggregator::Rejected> Aggregator::add(const std::string& peer, net::
       e.norm = full_round_norm(decoder_.norm(frame.data(), frame.size()), tokens, allowance_);
     } catch (const compress::FrameError& ex) {
       e.slot = Slot::kDone;  // it will not come again: those behind it need not wait
+      e.faulted = true;
       auto rejected = drain(false);
       rejected.insert(rejected.begin(), {peer, ex.what(), net::RefusalCode::kBadFrame});
       return rejected;
@@ -127,6 +132,26 @@ std::vector<Aggregator::Rejected> Aggregator::skip(const std::string& peer) {
     if (e.peer == peer && e.slot == Slot::kExpected) e.slot = Slot::kDone;
   }
   return drain(false);
+}
+
+std::vector<Aggregator::Rejected> Aggregator::fault(const std::string& peer) {
+  for (auto& e : order_) {
+    if (e.peer == peer && e.slot == Slot::kExpected) {
+      e.slot = Slot::kDone;
+      e.faulted = true;
+    }
+  }
+  return drain(false);
+}
+
+size_t Aggregator::quorum_base() const {
+  size_t n = 0;
+  for (const auto& e : order_) {
+    if (e.faulted) continue;
+    if (e.optional && !e.norm && !history_norm(e.peer)) continue;  // silent, never accepted
+    ++n;
+  }
+  return n;
 }
 
 std::vector<Aggregator::Rejected> Aggregator::finish() {
@@ -167,7 +192,7 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
     if (e.slot == Slot::kExpected && !final_pass) break;
     if (e.slot == Slot::kHeld) {
       const auto v =
-          judge_norm(*e.norm, reference(), order_.size(), norm_bound_, true, norm_clip_);
+          judge_norm(*e.norm, reference(), quorum_base(), norm_bound_, true, norm_clip_);
       if (v.action == NormAction::kWait) break;
       if (v.action == NormAction::kRefuse) {
         e.frame = {};
@@ -181,6 +206,7 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
             scores_.emplace_back(e.peer, s.change);
             if (s.refuse) scored = Rejected{e.peer, *s.refuse, net::RefusalCode::kLowScore};
           } catch (const compress::FrameError& ex) {
+            e.faulted = true;
             scored = Rejected{e.peer, ex.what(), net::RefusalCode::kBadFrame};
           }
         }
@@ -251,6 +277,7 @@ std::vector<Aggregator::Rejected> Aggregator::add_now(Entry& e, float clip) {
     try {
       add_to_delta(frame, clip == 1.0f ? w : w * static_cast<double>(clip));
     } catch (const compress::FrameError& ex) {
+      e.faulted = true;
       return {{e.peer, ex.what(), net::RefusalCode::kBadFrame}};
     }
   }

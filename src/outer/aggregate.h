@@ -16,7 +16,12 @@
 // every accepted one above the median is scaled down to it (its clip factor), so that no
 // provider moves θ by more than an honest provider's share however it scales its values. The
 // median needs a quorum of more than half of the round's expected providers; without
-// one at the round's end, nothing is accepted. Round 1 (and the first round after a head
+// one at the round's end, nothing is accepted (the round still closes, θ unchanged, and says
+// why). A provider whose frame failed its checks (bad_frame, bad_tokens: no honest provider
+// sends one) is not expected any more, and neither is a straggler the round does not wait for
+// that has sent nothing this round and has no accepted norm: leaving either out only shrinks a
+// coalition's share of those left, while an honest provider that is merely slow keeps its
+// place through its last accepted norm. Round 1 (and the first round after a head
 // restart) therefore waits for every expected frame or the deadline. A contribution of fewer
 // tokens than the round allows (a slower provider under outer.round_budget_s) is judged by its
 // norm scaled to a full round (pace.h full_round_norm), and that is the norm its peers are
@@ -28,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -98,15 +104,21 @@ class Aggregator {
   // a contribution is compared with the last round's of the same fragment. `reference`: false
   // when this round's norms are no guide to that fragment's next round (its first sync, which
   // covers fewer steps than the later ones); they are then not kept.
+  // `optional`: those of `order` the round does not wait for (stragglers, RoundState::optional).
   void begin(std::vector<std::string> order, uint64_t allowance = 0,
              const common::FlatLayout* part = nullptr, size_t part_index = 0,
-             bool reference = true);
+             bool reference = true, const std::set<std::string>& optional = {});
   // A contribution whose frame structure has been checked against the layout. It is added
   // now if every provider ahead of it has been added or skipped, else it waits.
   [[nodiscard]] std::vector<Rejected> add(const std::string& peer, net::Frame frame,
                                           uint64_t tokens);
   // `peer` will not contribute this round (left, died, or not expected after all).
   [[nodiscard]] std::vector<Rejected> skip(const std::string& peer);
+  // `peer`'s contribution failed the head's checks before it got here (bad_tokens, bad_frame):
+  // as skip, and it no longer counts toward the round's quorum.
+  [[nodiscard]] std::vector<Rejected> fault(const std::string& peer);
+  // The providers the round's quorum is taken over (judge_norm's `expected`).
+  size_t quorum_base() const;
   // Adds whatever still waits (in order, skipping the missing), then divides by Σ wᵢ.
   [[nodiscard]] std::vector<Rejected> finish();
 
@@ -154,6 +166,8 @@ class Aggregator {
     net::Frame frame;
     uint64_t tokens = 0;
     std::optional<double> norm;  // once it has arrived
+    bool optional = false;       // a straggler the round does not wait for
+    bool faulted = false;        // its frame failed a check: not in the quorum
   };
   std::vector<Rejected> drain(bool final_pass);
   std::vector<Rejected> add_now(Entry& e, float clip);

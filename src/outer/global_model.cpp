@@ -202,6 +202,7 @@ GlobalModel::Closed GlobalModel::close_round() {
   torch::NoGradGuard guard;
   Closed out;
   out.rejected = aggregator_.finish();
+  out.accepted = aggregator_.added();
   out.clipped = aggregator_.clipped();
   out.scores = aggregator_.scores();
   torch::Tensor& delta = aggregator_.delta();

@@ -103,6 +103,7 @@ class GlobalModel {
     std::vector<std::pair<std::string, double>> scores;   // outer.score: loss change by provider
     int trust_scaled = 0;    // trained tensors outer.trust_region scaled (aggregate.h)
     double trust_ratio = 0;  // the largest ‖lr·Δₜ‖ / radius before scaling (0: no region)
+    size_t accepted = 0;     // contributions in the step (0: θ is unchanged)
   };
   Closed close_round();
   bool has_pending() const { return !pending_.empty(); }

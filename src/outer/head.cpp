@@ -124,7 +124,8 @@ void Head::Impl::start_round() {
                            &model.fragment(round.round).layout,
                            model.fragment_index(round.round),
                            // a fragment's first sync covers fewer steps than its later ones
-                           cfg.outer.fragments == 1 || round.round > static_cast<uint64_t>(cfg.outer.fragments));
+                           cfg.outer.fragments == 1 || round.round > static_cast<uint64_t>(cfg.outer.fragments),
+                           round.optional);
   const std::set<std::string> to_start = round.active;  // a failed send edits round.active
   for (const auto& p : to_start) send(p, net::RoundStart{}, round.round);
 }
@@ -148,7 +149,16 @@ void Head::Impl::close_round(const std::string& reason) {
   }
   in_round = false;
   done_rounds = round.round;
-  RoundRecord rec = ledger.close_round(round, reason, members, closed.update.size());
+  // A round with nothing accepted (no quorum to judge by, every contribution refused) still
+  // closes: θ is unchanged, and the record and the log say so.
+  const std::string why = closed.accepted > 0 || closed.discarded
+                              ? reason
+                              : fmt::format("{}; no contribution accepted: theta unchanged", reason);
+  if (closed.accepted == 0 && !closed.discarded) {
+    spdlog::warn("round {}: no contribution accepted ({} refused): theta unchanged", round.round,
+                 closed.rejected.size());
+  }
+  RoundRecord rec = ledger.close_round(round, why, members, closed.update.size());
   const bool last = static_cast<int>(done_rounds) >= total;
   rec.round_wall_s = seconds_since(round.started);  // its ROUND_START to the next one
   rec.sync_overhead = std::max(0.0, 1.0 - rec.compute_s / rec.round_wall_s);

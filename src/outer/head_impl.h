@@ -71,7 +71,7 @@ struct Head::Impl {
   void set_state(const Transition& t);
   // A provider that has not contributed to the round in progress will not: it left, died, or
   // (re)joined and takes part from the next round. Work it already handed in counts.
-  void leave_round(const std::string& peer);
+  void leave_round(const std::string& peer, bool faulted = false);
   // Contributions whose frames failed to decode when their turn came.
   void reject(const std::vector<Aggregator::Rejected>& rejected);
   // Every message passes through handle(), a boundary (design §10): whatever a handler throws

@@ -52,10 +52,12 @@ void Head::Impl::set_state(const Transition& t) {
 
 // A provider that has not contributed to the round in progress will not: it left, died, or
 // (re)joined and takes part from the next round. Work it already handed in counts.
-void Head::Impl::leave_round(const std::string& peer) {
+// `faulted`: its contribution failed the head's checks, and it leaves the round's quorum too
+// (aggregate.h).
+void Head::Impl::leave_round(const std::string& peer, bool faulted) {
   if (!in_round || round.contributed.count(peer) || !round.active.erase(peer)) return;
   round.optional.erase(peer);
-  reject(model.aggregator().skip(peer));
+  reject(faulted ? model.aggregator().fault(peer) : model.aggregator().skip(peer));
 }
 
 // Contributions the aggregator would not add (a frame that fails to decode, an outlier norm):
@@ -63,6 +65,7 @@ void Head::Impl::leave_round(const std::string& peer) {
 void Head::Impl::reject(const std::vector<Aggregator::Rejected>& rejected) {
   for (const auto& r : rejected) {
     round.contributed.erase(r.peer);
+    round.refused.insert(r.peer);
     round.active.erase(r.peer);
     round.optional.erase(r.peer);
     ledger.forget_frame(r.peer);
@@ -167,7 +170,10 @@ void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net:
   if (v.action == ContributionAction::kRefuse) {
     if (in_round && r == round.round && round.active.count(peer)) {
       ledger.note_refused_contribution(peer, v.reason);
-      leave_round(peer);  // it has handed in what it had for this round
+      round.refused.insert(peer);
+      // it has handed in what it had for this round; a frame or token count no honest
+      // provider sends takes it out of the round's quorum as well
+      leave_round(peer, v.code == net::RefusalCode::kBadFrame || v.code == net::RefusalCode::kBadTokens);
     }
     return refuse(peer, v.code, v.reason);
   }

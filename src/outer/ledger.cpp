@@ -33,6 +33,15 @@ void RunLedger::announce() const {
                common::to_string(o.codec_down), o.lr,
                o.lr_end >= 0 ? fmt::format(" falling to {} at the last round", o.lr_end) : "",
                o.providers);
+  if (o.codec_down == common::CodecKind::kRelay && o.relay_mean == common::RelayMean::kPresent) {
+    spdlog::warn("outer.relay_mean \"present\": an element only one provider sent moves by its whole "
+                 "(clipped) value, not 1/K of it; with providers you do not trust use \"clipped\" or "
+                 "\"all\" (README, threat model)");
+  }
+  if (o.norm_bound <= 0) {
+    spdlog::warn("outer.norm_bound is 0: contributions' norms are neither judged nor clipped; one "
+                 "provider can move theta as far as it likes (README, threat model)");
+  }
 }
 
 double RunLedger::uptime_s() const { return seconds_since(started_); }

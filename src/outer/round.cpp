@@ -15,15 +15,31 @@ RoundDecision decide(Clock::time_point now, const RoundState& state,
     (state.optional.count(p) ? skipped : missing).insert(p);
   }
   const auto got = state.contributed.size();
+  const double limit = state.deadline_s > 0 ? state.deadline_s : config.round_timeout_s;
+  const auto deadline = state.started + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(limit));
+  if (missing.empty() && got == 0 && !state.refused.empty()) {
+    if (skipped.empty()) {
+      return {RoundAction::kClose,
+              fmt::format("every contribution was refused ({}): nobody left to wait for",
+                          fmt::join(state.refused, ", "))};
+    }
+    if (now >= deadline) {
+      return {RoundAction::kClose,
+              fmt::format("deadline ({:.1f}s): every contribution was refused ({}), straggling {} "
+                          "did not come", limit, fmt::join(state.refused, ", "),
+                          fmt::join(skipped, ", "))};
+    }
+    return {RoundAction::kWait,
+            fmt::format("every contribution so far was refused ({}); waiting for straggling {} "
+                        "until the deadline", fmt::join(state.refused, ", "), fmt::join(skipped, ", "))};
+  }
   if (missing.empty() && got > 0) {
     return {RoundAction::kClose,
             skipped.empty() ? fmt::format("all {} active providers contributed", got)
                             : fmt::format("all {} active providers contributed; not waiting for "
                                           "straggling {}", got, fmt::join(skipped, ", "))};
   }
-  const double limit = state.deadline_s > 0 ? state.deadline_s : config.round_timeout_s;
-  const auto deadline = state.started + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(limit));
   if (now >= deadline) {
     if (got >= static_cast<size_t>(config.min_providers)) {
       return {RoundAction::kClose,

@@ -29,6 +29,7 @@ struct RoundState {
   std::set<std::string> active;                // providers sent the round; their contributions count
   std::set<std::string> optional;              // of those, stragglers the round does not wait for
   std::map<std::string, uint64_t> contributed; // provider -> tokens, this round
+  std::set<std::string> refused;               // handed in a contribution that was refused
 };
 
 enum class RoundAction {
@@ -43,7 +44,9 @@ struct RoundDecision {
 };
 
 // Close when every active provider but the optional ones has contributed, or at the deadline
-// when at least outer.min_providers have; otherwise wait (saying for whom).
+// when at least outer.min_providers have; otherwise wait (saying for whom). A round whose
+// contributions were all refused (`refused`: their providers have left `active`) closes once
+// nobody is left to wait for, without an update: waiting could not change it.
 RoundDecision decide(Clock::time_point now, const RoundState& state,
                      const common::OuterConfig& config);
 

@@ -77,8 +77,7 @@ TEST_SUITE("cli") {
 
   TEST_CASE("train --nproc 2, then --resume, eval and sample from the checkpoint") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("cli");
     auto r = run("train --config " + config_path() + " --nproc 2" + small(dir.str(), "two") +
@@ -113,8 +112,7 @@ TEST_SUITE("cli") {
 
   TEST_CASE("Ctrl+C on train --nproc 2 saves a checkpoint and leaves no rank behind") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("sigint");
     const std::string log = dir.str() + "/out.log";

@@ -45,8 +45,7 @@ TEST_SUITE("data") {
 
   TEST_CASE("the real KJV text loads (bible-kjv)") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv not installed)");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing (Debian package bible-kjv not installed)");
     }
     test::ScratchDir dir("kjv");
     common::DataConfig d;
@@ -60,8 +59,7 @@ TEST_SUITE("data") {
 
   TEST_CASE("batches are a pure function of (seed, provider, step, rank); ranks split the batch") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     auto c = test::tiny_gpt_config();
     auto a = inner::make_dataset(c, {0, 2});
@@ -124,8 +122,7 @@ TEST_SUITE("data") {
 
   TEST_CASE("the real Fashion-MNIST files load (dataset-fashion-mnist)") {
     if (!test::have_fmnist()) {
-      MESSAGE("skipped: /usr/share/datasets/fashion-mnist missing (dataset-fashion-mnist)");
-      return;
+      XLOCO_SKIP_CASE("/usr/share/datasets/fashion-mnist missing (dataset-fashion-mnist)");
     }
     auto idx = inner::read_idx(inner::default_fmnist_dir() + "/t10k-labels-idx1-ubyte.gz");
     CHECK(idx.dims == std::vector<int64_t>{10000});

@@ -264,6 +264,30 @@ TEST_SUITE("elastic_rules") {
     CHECK(outer::decide(tp(1), s, c).action == outer::RoundAction::kWait);
   }
 
+  TEST_CASE("a round whose contributions were all refused closes, without an update, once nobody is left to wait for (it waits for a straggler until the deadline)") {
+    common::OuterConfig c;
+    c.min_providers = 2;
+    c.round_timeout_s = 100;
+    outer::RoundState s;
+    s.started = tp(0);
+    s.active = {"b"};  // a was refused: the head takes it out of active
+    s.refused = {"a"};
+    CHECK(outer::decide(tp(1), s, c).action == outer::RoundAction::kWait);  // b may still come
+    s.active = {};
+    s.refused = {"a", "b"};
+    const auto d = outer::decide(tp(1), s, c);
+    CHECK(d.action == outer::RoundAction::kClose);
+    CHECK(d.reason == "every contribution was refused (a, b): nobody left to wait for");
+    s.active = {"slow"};
+    s.optional = {"slow"};
+    CHECK(outer::decide(tp(1), s, c).action == outer::RoundAction::kWait);
+    CHECK(outer::decide(tp(1), s, c).reason.find("waiting for straggling slow") != std::string::npos);
+    CHECK(outer::decide(tp(100), s, c).action == outer::RoundAction::kClose);
+    s.refused = {};  // nothing handed in at all (the providers died): it still waits
+    s.active = {};
+    CHECK(outer::decide(tp(200), s, c).action == outer::RoundAction::kWait);
+  }
+
   TEST_CASE("round 1 waits for all K, then min_providers after the grace; later rounds pause below min_providers") {
     common::OuterConfig c;
     c.providers = 4;
@@ -529,8 +553,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("a frozen provider misses the deadline, a killed one is dead; restarted, it rejoins with full state and counts") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     Cluster c("kill", " --set inner.steps=1600 --set outer.inner_steps=20 --set outer.min_providers=2", 3,
               {"p0", "p1", "p2"});
@@ -593,8 +616,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("kill -9 of the head after a checkpoint: head --resume continues and the same providers reconnect") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     Cluster c("headkill", " --set inner.steps=1200 --set outer.inner_steps=20 --set outer.checkpoint_every=4"
                           " --set outer.min_providers=2", 2, {"p0", "p1"});
@@ -630,8 +652,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("a provider started at round 3 joins at a boundary without delaying the round, and counts from the next") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     // deadline_min_s 10: a slow machine starting p3's LibTorch must not push the round in
     // progress past a 1 s deadline; the check is that the join itself holds nothing up.
@@ -666,8 +687,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("below min_providers the head pauses and says why; a provider's SIGTERM is a BYE; it continues when one comes back") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     Cluster c("pause", " --set inner.steps=600 --set outer.inner_steps=20 --set outer.min_providers=2", 2,
               {"p0", "p1"});
@@ -700,8 +720,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("wrong config, unlisted key, stale or future rounds and wrong shapes are refused by name; the run is unharmed") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     Cluster c("refuse", " --set inner.steps=800 --set outer.inner_steps=20 --set outer.min_providers=2"
                         " --set outer.start_grace_s=0", 3,  // a third shard for the rogue
@@ -790,8 +809,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("a rogue allow-listed client that never reads: the head stays up, the honest rounds keep their pace, the rogue is dead, the head's memory is bounded") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     // A 3.2 M-parameter model: a full state (12.8 MB) is what a join costs the head's link.
     Cluster c("rogue", " --set inner.steps=1000000 --set outer.inner_steps=10 --set outer.min_providers=2"
@@ -864,8 +882,7 @@ TEST_SUITE("elastic") {
 
   TEST_CASE("a worker configured only through XLOCO_* environment variables, secrets as Z85 text, joins and counts") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     Cluster c("env", " --set inner.steps=200 --set outer.inner_steps=20 --set outer.min_providers=2", 2,
               {"p0", "envp"});

@@ -53,8 +53,7 @@ TEST_SUITE("files") {
 
     const std::string src = test::env_or("XLOCO_SOURCE_DIR", ".");
     if (!fs::exists("/usr/bin/python3")) {
-      MESSAGE("skipped the Python half: /usr/bin/python3 missing");
-      return;
+      XLOCO_SKIP_CASE("the Python half: /usr/bin/python3 missing");
     }
     const auto j = nlohmann::json::parse(
         run_capture("/usr/bin/python3 " + src + "/tests/read_safetensors.py " + path));

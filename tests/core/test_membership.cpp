@@ -695,6 +695,60 @@ TEST_SUITE("membership") {
     CHECK(agg.delta()[0].item<float>() == doctest::Approx(0.01).epsilon(0.01));  // not 0.0075
   }
 
+  TEST_CASE("aggregation quorum (liveness): a provider whose frame failed the head's checks, or a straggler the round does not wait for that sent nothing and was never accepted, leaves the quorum; one merely absent, or a straggler with an accepted norm, does not") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    const auto honest = torch::full({512}, 0.01f);
+    for (const bool clip : {false, true}) {
+      CAPTURE(clip);
+      {  // one of two refused for a bad frame before the aggregator: the other is judged alone
+        Aggregator agg(layout, 10, false, clip);
+        agg.begin({"h", "x"});
+        CHECK(agg.fault("x").empty());
+        CHECK(agg.quorum_base() == 1);
+        CHECK(add_and_finish(agg, layout, {{"h", honest}}).empty());
+        CHECK(agg.added() == 1);
+      }
+      {  // ... or for a frame the aggregator itself could not decode
+        Aggregator agg(layout, 10, false, clip);
+        agg.begin({"h", "x"});
+        auto bad = encoded(layout, honest, compress::Codec::kInt8);
+        std::vector<uint8_t> bytes(bad.data(), bad.data() + bad.size());
+        bytes.resize(bytes.size() / 2);  // truncated
+        const auto r = agg.add("x", net::Frame(std::move(bytes)), 100);
+        REQUIRE(r.size() == 1);
+        CHECK(r[0].code == RefusalCode::kBadFrame);
+        CHECK(add_and_finish(agg, layout, {{"h", honest}}).empty());
+        CHECK(agg.added() == 1);
+      }
+      {  // merely absent (it may be slow and honest): no quorum, nothing accepted
+        Aggregator agg(layout, 10, false, clip);
+        agg.begin({"h", "x"});
+        CHECK(agg.skip("x").empty());
+        CHECK(agg.quorum_base() == 2);
+        const auto rejected = add_and_finish(agg, layout, {{"h", honest}});
+        REQUIRE(rejected.size() == 1);
+        CHECK(rejected[0].reason.find("no quorum") != std::string::npos);
+        CHECK(agg.added() == 0);
+      }
+      {  // a silent straggler never accepted leaves the quorum
+        Aggregator agg(layout, 10, false, clip);
+        agg.begin({"h", "x"}, 0, nullptr, 0, true, {"x"});
+        CHECK(agg.quorum_base() == 1);
+        CHECK(add_and_finish(agg, layout, {{"h", honest}}).empty());
+        CHECK(agg.added() == 1);
+      }
+      {  // a straggler with an accepted norm keeps its place (and its norm is the reference's)
+        Aggregator agg(layout, 10, false, clip);
+        agg.begin({"h", "x", "y"});
+        CHECK(add_and_finish(agg, layout, {{"h", honest}, {"x", honest}, {"y", honest}}).empty());
+        agg.begin({"h", "x", "y"}, 0, nullptr, 0, true, {"x", "y"});
+        CHECK(agg.quorum_base() == 3);
+        CHECK(add_and_finish(agg, layout, {{"h", honest * 1.1}}).empty());
+        CHECK(agg.added() == 1);
+      }
+    }
+  }
   TEST_CASE("XLOCO_ATTACK (the attack table's test device): parsed per provider, malformed text refused by name, each attack what it says") {
     CHECK_FALSE(attack_for(nullptr, "p").has_value());
     CHECK_FALSE(attack_for("", "p").has_value());

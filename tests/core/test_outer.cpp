@@ -405,8 +405,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("a round whose outer step would make theta non-finite is discarded: theta, the momentum and theta_pub stay as they were") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing (Debian package bible-kjv)");
     }
     const common::Config c = small_head_config();  // fp32 up, the norm rule off: this guard alone
     outer::GlobalModel model(c, "");
@@ -429,8 +428,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("outer.lr_end: the head steps each round at that round's lr (lr 1 falling to 0 over 2 rounds: half a step, then none)") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing (Debian package bible-kjv)");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing (Debian package bible-kjv)");
     }
     common::Config c = small_head_config();
     c.outer.codec_down = common::CodecKind::kFp32;  // θ_pub == θ_true
@@ -455,8 +453,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("K=1, H=1, outer lr 1, momentum 0, fp32 both ways == xloco train (1e-6)") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("exact");
     // The design default inner lr (4e-4): AdamW amplifies the outer step's fp32 rounding
@@ -480,8 +477,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("outer.overlap = delayed, one provider, fp32 links: theta is the delayed rule's, not the synchronous one's") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("delayed");
     const std::vector<std::string> sets = {
@@ -516,8 +512,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("outer.keep_local: synchronous and delayed, theta follows the rule that keeps a share of the provider's own parameters") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("keep_local");
     for (const bool delayed : {false, true}) {
@@ -638,8 +633,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("outer.fragments = 2, one provider, fp32 links: theta follows Streaming DiLoCo's rule, synchronous and delayed") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("fragments");
     for (const bool delayed : {false, true}) {
@@ -669,8 +663,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("outer.round_budget_s with 2 fragments, delayed, provider-1 4x slower: it runs fewer steps, the head counts both's tokens, theta_pub agrees") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("budget-fragments");
     // H = 400 is only the cap: the budget of 0.3 s ends every round well before it.
@@ -714,8 +707,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("outer.fold = arrival: each round folds as soon as the update is in, and theta follows the rule at those steps") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("arrival");
     // H = delay_steps = 16: a fold at step 16 would be the fallback (the update never seen
@@ -758,8 +750,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("fp32 both ways: theta_pub == theta_true bit for bit; identical data gives identical pseudo-gradients") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("fp32");
     auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "r") +
@@ -784,8 +775,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("int8 both ways: theta_pub is bit-identical on the head and every provider") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("int8");
     auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "q") +
@@ -827,8 +817,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("topk, 4-bit values up and 2-bit down: every round accepted, theta_pub bit-identical on the head and every provider") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("topk4");
     auto l = run_xloco("local --providers 2" + outer_small(dir.str(), "t") +
@@ -846,8 +835,7 @@ TEST_SUITE("outer") {
 
   TEST_CASE("reproducible: two xloco local runs with the providers started in different orders end with the same theta_pub and eval loss") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("repro");
     const std::string budget = " --set inner.steps=40 --set outer.inner_steps=10 --set outer.eval_every=0";
@@ -1167,8 +1155,7 @@ using test::wait_rounds;
 TEST_SUITE("outer_faults") {
   TEST_CASE("SIGTERM to the head checkpoints; --resume continues at the next round with the same theta and momentum") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("term");
     const std::string args = "local --providers 1" + outer_small(dir.str(), "t") +
@@ -1212,8 +1199,7 @@ TEST_SUITE("outer_faults") {
 
   TEST_CASE("Ctrl+C on xloco local stops and reaps every child process") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     test::ScratchDir dir("ctrlc");
     const auto log = dir.str() + "/out.log";

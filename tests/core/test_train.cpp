@@ -50,8 +50,7 @@ TEST_SUITE("model") {
 
   TEST_CASE("gpt loss at init is ln 256 = 5.55 +- 0.1; causal: the future does not leak") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     common::Config c;
     auto m = inner::make_model(c);
@@ -99,8 +98,7 @@ TEST_SUITE("train") {
     c.inner.warmup_steps = 0;
     c.inner.min_lr = c.inner.lr;  // constant lr, as the reference optimizer
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     auto data = inner::make_dataset(c, {0, 1});
     Solo s;
@@ -129,8 +127,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("training on KJV brings the loss below 3.0 within a short run") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     auto c = test::tiny_gpt_config();
     c.inner.steps = 60;
@@ -146,8 +143,7 @@ TEST_SUITE("train") {
 
   TEST_CASE("a checkpoint resumed continues with the same loss sequence as an uninterrupted run") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     auto c = test::tiny_gpt_config();
     test::ScratchDir dir("resume");
@@ -175,8 +171,7 @@ TEST_SUITE("train") {
 TEST_SUITE("dist") {
   TEST_CASE("2 ranks with batch B/2 each match 1 rank with batch B after 5 steps (1e-5)") {
     if (!test::have_kjv()) {
-      MESSAGE("skipped: /usr/bin/bible missing");
-      return;
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
     }
     auto c = test::tiny_gpt_config();
     auto data = inner::make_dataset(c, {0, 1});
