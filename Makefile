@@ -40,8 +40,10 @@ EXPERIMENT_FLAGS ?= --rerun all
 experiments: build
 	python3 experiments/harness.py --plan experiments/plans/$(PLAN).json --xloco $(XLOCO) $(EXPERIMENT_FLAGS)
 
-# The attack table (issue 52): experiments/plans/attack.json, one hostile provider of four through
-# the XLOCO_ATTACK test device; each run against the same run without it (about 20 minutes).
+# The attack table (issue 52): experiments/plans/attack.json, 1 hostile provider of 4 and 2 of 7
+# through the XLOCO_ATTACK test device, int8 and the sparse relay setting, with and without
+# outer.score; each run against the same run without attackers (36 runs, about 75 minutes on 2
+# cores). The honest-run cost of clipping: PLAN=honest-cost with `make experiments`.
 attack: build
 	python3 experiments/harness.py --plan experiments/plans/attack.json --xloco $(XLOCO) $(EXPERIMENT_FLAGS)
 

@@ -113,6 +113,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v("outer.score", c.outer.score, Flag{});
   v("outer.score_batches", c.outer.score_batches, Range{1, 1e6});
   v("outer.score_margin", c.outer.score_margin, Range{-1e6, 1e6});
+  v("outer.score_relative", c.outer.score_relative, Range{0, 1});
   v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
   v("outer.shared_data", c.outer.shared_data, Flag{});
   v("outer.overlap", c.outer.overlap, Named{});
@@ -450,7 +451,7 @@ std::string config_hash(const Config& c) {
   for (const char* timing : {"round_timeout_s", "deadline_multiple", "deadline_min_s",
                              "start_grace_s", "heartbeat_s", "dead_after_s", "head_timeout_s",
                              "hello_interval_s", "norm_bound", "norm_clip", "score",
-                             "score_batches", "score_margin",
+                             "score_batches", "score_margin", "score_relative",
                              "providers", "min_providers"}) {
     j["outer"].erase(timing);  // the head's business: providers need not agree on them
   }

@@ -134,10 +134,14 @@ struct OuterConfig {
   // Contribution scoring (off by default; its cost is a forward pass over score_batches batches
   // per contribution, on the head): each contribution the norm rule accepts is applied alone to
   // θ at the outer rate and the loss on score_batches validation batches measured; one that
-  // raises it by more than score_margin is refused (low_score).
+  // raises it by more than score_margin is refused (low_score). With score_relative > 0, one
+  // that lowers the loss by less than score_relative × the round's median change (when that
+  // median is a fall, over 3 or more contributions scored together) is refused too: a
+  // contribution that helps far less than its peers' does not weigh as much as theirs.
   bool score = false;
   int score_batches = 2;
   double score_margin = 0;
+  double score_relative = 0.5;
   double head_timeout_s = 3600;  // a provider gives up when the head is silent this long
   bool shared_data = false;      // every provider gets the whole data set (replica tests)
   // "none": a provider waits for round r's update before training round r + 1. "delayed": it

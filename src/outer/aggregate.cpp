@@ -97,8 +97,10 @@ void Aggregator::begin(std::vector<std::string> order, uint64_t allowance,
   reference_ = reference;
   order_.clear();
   for (auto& p : order) {
-    const bool opt = optional.count(p) > 0;
-    order_.push_back({std::move(p), Slot::kExpected, {}, 0, std::nullopt, opt, false});
+    Entry e;
+    e.optional = optional.count(p) > 0;
+    e.peer = std::move(p);
+    order_.push_back(std::move(e));
   }
   next_ = 0;
   added_ = 0;
@@ -187,27 +189,56 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
                                          : e.norm || history_norm(e.peer));
   }
   if (!all_known && !final_pass && norm_bound_ > 0) return rejected;
-  for (; next_ < order_.size(); ++next_) {
+  // The norm verdicts first (the reference does not move within a round), and with a scorer
+  // the score of every contribution they accept, so that each is compared with its peers'.
+  size_t end = next_;
+  while (end < order_.size() && (final_pass || order_[end].slot != Slot::kExpected)) ++end;
+  std::vector<double> changes;
+  for (size_t i = next_; i < end; ++i) {
+    Entry& e = order_[i];
+    if (e.slot != Slot::kHeld) continue;
+    e.verdict = judge_norm(*e.norm, reference(), quorum_base(), norm_bound_, true, norm_clip_);
+    e.judged = true;
+    if (!scorer_ || e.verdict.action != NormAction::kAccept) continue;
+    try {
+      e.score = scorer_(e.peer, e.frame, static_cast<float>(e.verdict.clip));
+      changes.push_back(e.score->change);
+    } catch (const compress::FrameError& ex) {
+      e.score_error = ex.what();
+    }
+  }
+  std::optional<double> median_change;
+  if (score_relative_ > 0 && changes.size() >= 3) {
+    const auto mid = changes.begin() + static_cast<std::ptrdiff_t>((changes.size() - 1) / 2);
+    std::nth_element(changes.begin(), mid, changes.end());
+    if (*mid < 0) median_change = *mid;
+  }
+  for (; next_ < end; ++next_) {
     Entry& e = order_[next_];
-    if (e.slot == Slot::kExpected && !final_pass) break;
     if (e.slot == Slot::kHeld) {
-      const auto v =
-          judge_norm(*e.norm, reference(), quorum_base(), norm_bound_, true, norm_clip_);
-      if (v.action == NormAction::kWait) break;
+      const NormVerdict& v = e.verdict;
       if (v.action == NormAction::kRefuse) {
         e.frame = {};
         rejected.push_back({e.peer, v.reason, net::RefusalCode::kOutlier});
       } else {
         const auto clip = static_cast<float>(v.clip);
         std::optional<Rejected> scored;
-        if (scorer_) {
-          try {
-            const Score s = scorer_(e.peer, e.frame, clip);
-            scores_.emplace_back(e.peer, s.change);
-            if (s.refuse) scored = Rejected{e.peer, *s.refuse, net::RefusalCode::kLowScore};
-          } catch (const compress::FrameError& ex) {
-            e.faulted = true;
-            scored = Rejected{e.peer, ex.what(), net::RefusalCode::kBadFrame};
+        if (e.score_error) {
+          e.faulted = true;
+          scored = Rejected{e.peer, *e.score_error, net::RefusalCode::kBadFrame};
+        } else if (e.score) {
+          const Score& s = *e.score;
+          scores_.emplace_back(e.peer, s.change);
+          if (s.refuse) {
+            scored = Rejected{e.peer, *s.refuse, net::RefusalCode::kLowScore};
+          } else if (median_change && s.change > *median_change * (1 - score_relative_)) {
+            scored = Rejected{e.peer,
+                              fmt::format("alone it moves the held-out loss by {:+.4g}, a fall of less than "
+                                          "{:g} × the median {:+.4g} of the round's {} scored "
+                                          "contributions (outer.score_relative)",
+                                          s.change, score_relative_, *median_change,
+                                          changes.size()),
+                              net::RefusalCode::kLowScore};
           }
         }
         if (scored) {

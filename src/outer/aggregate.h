@@ -134,7 +134,14 @@ class Aggregator {
     std::optional<std::string> refuse;
   };
   using Scorer = std::function<Score(const std::string& peer, const net::Frame& frame, float clip)>;
-  void set_scorer(Scorer scorer) { scorer_ = std::move(scorer); }
+  // `relative` (outer.score_relative, 0: off): contributions judged together (every one of the
+  // round under norm_clip) are scored first; with 3 or more scores whose lower median m is a
+  // fall (m < 0), one whose change is over m − relative × m (it lowers the loss by less than
+  // `relative` of m) is refused as low_score too.
+  void set_scorer(Scorer scorer, double relative = 0) {
+    scorer_ = std::move(scorer);
+    score_relative_ = relative;
+  }
   // This round's scores (loss change) by provider, in adding order.
   const std::vector<std::pair<std::string, double>>& scores() const { return scores_; }
   // This round's clip factors under 1 (outer.norm_clip), by provider, in adding order.
@@ -168,6 +175,11 @@ class Aggregator {
     std::optional<double> norm;  // once it has arrived
     bool optional = false;       // a straggler the round does not wait for
     bool faulted = false;        // its frame failed a check: not in the quorum
+    float clip = 1;              // with a scorer: its norm verdict's clip factor, and
+    std::optional<Score> score;  // its score, or
+    std::optional<std::string> score_error;  // why its frame could not be scored (bad_frame)
+    bool judged = false;         // the norm verdict is in `verdict`
+    NormVerdict verdict;
   };
   std::vector<Rejected> drain(bool final_pass);
   std::vector<Rejected> add_now(Entry& e, float clip);
@@ -181,6 +193,7 @@ class Aggregator {
   const bool norm_clip_;
   std::vector<std::pair<std::string, double>> clipped_;
   Scorer scorer_;
+  double score_relative_ = 0;
   std::vector<std::pair<std::string, double>> scores_;
   std::vector<Kept> kept_;
   std::vector<double> accepted_;  // this round's accepted norms

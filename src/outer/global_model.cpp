@@ -51,10 +51,11 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
                                                     torch::Device(torch::kCPU));
     aggregator_.set_scorer([this](const std::string& peer, const net::Frame& frame, float clip) {
       return score(peer, frame, clip);
-    });
+    }, config.outer.score_relative);
     spdlog::info("outer.score: each contribution is scored alone on {} validation batches "
-                 "(refused when it raises the loss by more than {:g})",
-                 config.outer.score_batches, config.outer.score_margin);
+                 "(refused when it raises the loss by more than {:g}, or lowers it by less than "
+                 "{:g} of the round's median fall)",
+                 config.outer.score_batches, config.outer.score_margin, config.outer.score_relative);
   }
 }
 

@@ -695,6 +695,53 @@ TEST_SUITE("membership") {
     CHECK(agg.delta()[0].item<float>() == doctest::Approx(0.01).epsilon(0.01));  // not 0.0075
   }
 
+  TEST_CASE("outer.score_relative: every contribution is scored before any is taken; one that lowers the loss by less than the fraction of the median fall is refused (low_score), with 3 or more scores and a falling median only") {
+    common::FlatLayout layout;
+    layout.append("w", {512});
+    const auto honest = torch::full({512}, 0.01f);
+    const std::map<std::string, double> change = {{"a", -1.7}, {"b", -1.8}, {"c", -1.6}, {"x", -0.08}};
+    const auto scorer = [&](const std::string& peer, const net::Frame&, float) {
+      return Aggregator::Score{change.at(peer), std::nullopt};
+    };
+    {
+      Aggregator agg(layout, 10, false, true);
+      agg.set_scorer(scorer, 0.5);
+      agg.begin({"a", "b", "c", "x"});
+      CHECK(agg.add("x", encoded(layout, honest, compress::Codec::kInt8), 100).empty());  // first in: waits
+      const auto rejected = add_and_finish(agg, layout, {{"a", honest}, {"b", honest}, {"c", honest}});
+      REQUIRE(rejected.size() == 1);
+      CHECK(rejected[0].peer == "x");
+      CHECK(rejected[0].code == RefusalCode::kLowScore);
+      CHECK(rejected[0].reason.find("the median -1.7 of the round's 4 scored") != std::string::npos);
+      CHECK(agg.added() == 3);
+      CHECK(agg.scores().size() == 4);
+    }
+    {  // off: taken
+      Aggregator agg(layout, 10, false, true);
+      agg.set_scorer(scorer, 0);
+      agg.begin({"a", "b", "c", "x"});
+      CHECK(add_and_finish(agg, layout, {{"a", honest}, {"b", honest}, {"c", honest}, {"x", honest}}).empty());
+      CHECK(agg.added() == 4);
+    }
+    {  // two scores: no median to speak of
+      Aggregator agg(layout, 10, false, true);
+      agg.set_scorer(scorer, 0.5);
+      agg.begin({"a", "x"});
+      CHECK(add_and_finish(agg, layout, {{"a", honest}, {"x", honest}}).empty());
+      CHECK(agg.added() == 2);
+    }
+    {  // a median that is not a fall: the relative rule does not apply
+      const auto rising = [](const std::string& peer, const net::Frame&, float) {
+        return Aggregator::Score{peer == "x" ? -0.001 : 0.0, std::nullopt};
+      };
+      Aggregator agg(layout, 10, false, true);
+      agg.set_scorer(rising, 0.5);
+      agg.begin({"a", "b", "c", "x"});
+      CHECK(add_and_finish(agg, layout, {{"a", honest}, {"b", honest}, {"c", honest}, {"x", honest}}).empty());
+      CHECK(agg.added() == 4);
+    }
+  }
+
   TEST_CASE("aggregation quorum (liveness): a provider whose frame failed the head's checks, or a straggler the round does not wait for that sent nothing and was never accepted, leaves the quorum; one merely absent, or a straggler with an accepted norm, does not") {
     common::FlatLayout layout;
     layout.append("w", {512});
