@@ -12,6 +12,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/safetensors.h"
+#include "common/text.h"
 #include "inner/runtime.h"
 #include "net/keys.h"
 #include "net/zmq/transport.h"
@@ -22,12 +23,56 @@
 namespace xloco::cli {
 namespace fs = std::filesystem;
 
+namespace {
+
+struct Args {
+  std::string config, bind, advertise, key, init, endpoint_file, http, http_token, baseline;
+  std::vector<std::string> overrides, allow;
+  bool insecure = false, resume = false, auto_resume = false;
+};
+
+// The `xloco worker` line that joins this head, safe to paste into a shell (every word quoted
+// where it must be: Z85 keys hold & < > $ !). It repeats the head's --set overrides that change
+// the config hash (a provider without them would be refused) and run.name (messages carry it);
+// the others (the head's own: run.dir, timeouts, norm rules, data.path) are named on a line of
+// their own.
+std::string join_line(const Args& a, const common::Config& cfg, const std::string& advertise,
+                      const std::string& head_pub) {
+  const std::string hash = common::config_hash(cfg);
+  std::string line = "xloco worker --config " + common::shell_quote(a.config) + " --head " +
+                     common::shell_quote(advertise);
+  line += a.insecure ? " --insecure" : " --head-pub " + common::shell_quote(head_pub);
+  std::vector<std::string> own;
+  for (size_t i = 0; i < a.overrides.size(); ++i) {
+    auto others = a.overrides;
+    others.erase(others.begin() + static_cast<std::ptrdiff_t>(i));
+    // run.name is not hashed but every message carries it; one whose absence leaves a config
+    // that does not load is repeated too.
+    bool agreed = a.overrides[i].rfind("run.name=", 0) == 0;
+    try {
+      agreed = agreed || common::config_hash(inner::load_run_config(a.config, others)) != hash;
+    } catch (const common::Error&) {
+      agreed = true;
+    }
+    if (agreed) {
+      line += " --set " + common::shell_quote(a.overrides[i]);
+    } else {
+      own.push_back(a.overrides[i]);
+    }
+  }
+  line += " --key PROVIDER.key";
+  std::string out = "join with:\n  " + line + "\n";
+  if (!own.empty()) {
+    std::string words;
+    for (const auto& o : own) words += " " + common::shell_quote(o);
+    out += "  (the head's own settings, which providers need not repeat:" + words + ")\n";
+  }
+  return out;
+}
+
+}  // namespace
+
 void add_head_command(CLI::App& app) {
-  struct Args {
-    std::string config, bind, advertise, key, init, endpoint_file, http, http_token, baseline;
-    std::vector<std::string> overrides, allow;
-    bool insecure = false, resume = false, auto_resume = false;
-  };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("head", "coordinate a DiLoCo run across providers");
   cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile)->envname("XLOCO_CONFIG");
@@ -61,6 +106,7 @@ void add_head_command(CLI::App& app) {
       ->envname("XLOCO_HTTP_TOKEN");
   cmd->callback([a]() {
     const auto cfg = inner::load_run_config(a->config, a->overrides);
+    common::check_diloco_schedule(cfg);
     common::set_alloc_policy(common::AllocPolicy::kHead);
     // Under xloco local the head shares the cores with every rank: its BLAS threads must not
     // spin against theirs (XLOCO_RANKS_ON_HOST counts the ranks on this machine).
@@ -97,8 +143,7 @@ void add_head_command(CLI::App& app) {
     common::write_file_atomic((run_dir / "config.json").string(), common::to_json_string(cfg) + "\n");
     spdlog::info("head listening on {} ({} allow-listed providers)", endpoint,
                  a->insecure ? 0 : so.allow.size());
-    fmt::print("join with:\n  xloco worker --config {} --head {}{} --key PROVIDER.key\n", a->config,
-               advertise, a->insecure ? " --insecure" : " --head-pub " + head_pub);
+    fmt::print("{}", join_line(*a, cfg, advertise, head_pub));
     std::fflush(stdout);
     if (!a->endpoint_file.empty()) common::write_file_atomic(a->endpoint_file, endpoint + "\n");
     outer::HeadOptions ho;

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct LocalArgs {
-  std::string config, init, http = "127.0.0.1:0", baseline;
+  std::string config, init, http = "127.0.0.1:0", baseline, http_token;
   std::vector<std::string> overrides;
   std::vector<int> start_order;  // provider indices in the order they start; empty: 0..K-1
   int providers = 0, nproc = 1;
@@ -72,6 +72,8 @@ std::string wait_for_endpoint(const fs::path& file, pid_t head) {
   throw common::Error("the head did not report its endpoint within 120 s");
 }
 
+}  // namespace
+
 void print_summary(const fs::path& run_dir, double wall) {
   outer::RunSummary s;
   try {
@@ -81,7 +83,7 @@ void print_summary(const fs::path& run_dir, double wall) {
     return;
   }
   fmt::print(
-      "\n== xloco local: {}\n"
+      "\n== xloco run {}\n"
       "final eval loss      {:.4f}\n"
       "rounds               {}\n"
       "bytes up / down      {} / {}\n"
@@ -90,8 +92,10 @@ void print_summary(const fs::path& run_dir, double wall) {
       "checkpoint           {}\n",
       run_dir.string(), s.final_eval_loss, s.rounds, common::human_bytes(s.bytes_up),
       common::human_bytes(s.bytes_down), s.bytes_vs_fp32_dp, 1.0 / std::max(1e-12, s.bytes_vs_fp32_dp),
-      common::human_duration(wall), (run_dir / "ckpt").string());
+      common::human_duration(wall >= 0 ? wall : s.wall_s), (run_dir / "ckpt").string());
 }
+
+namespace {
 
 // provider-i's command line: shard i, its own key.
 std::vector<std::string> worker_argv(const LocalArgs& a, int i, const std::string& endpoint,
@@ -110,10 +114,48 @@ std::vector<std::string> worker_argv(const LocalArgs& a, int i, const std::strin
   return argv;
 }
 
+// How `xloco local` ends when its head did not finish the run (pure: the children's exits, head
+// first). Every provider failing makes wait_children stop the head, which then exits 130 as if
+// interrupted: that is the providers' failure, not an interruption, and resuming would only
+// fail again. {0, ""} when the head finished.
+struct LocalExit {
+  int code = 0;
+  std::string message;
+};
+LocalExit local_exit(const std::vector<common::ChildResult>& results) {
+  if (results.empty() || results.front().exit_code == 0) return {};
+  const auto& head = results.front();
+  std::vector<std::string> failed;
+  int first_code = 1;
+  for (size_t i = 1; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (r.exit_code == 0 || r.exit_code == 130) continue;
+    if (failed.empty()) first_code = r.exit_code;
+    failed.push_back(fmt::format("{} (code {})", r.label, r.exit_code));
+  }
+  if (!failed.empty() && failed.size() + 1 == results.size()) {
+    return {first_code,
+            fmt::format("every provider failed: {}; the head was stopped (its checkpoint is "
+                        "kept). Their errors are in the log above; fix the cause, then start "
+                        "again (`--resume` continues from the checkpoint).",
+                        fmt::join(failed, ", "))};
+  }
+  if (head.exit_code == 130) {
+    return {130, fmt::format("{} was interrupted; resume with `xloco local --resume` and the same "
+                             "config.", head.label)};
+  }
+  return {head.exit_code, fmt::format("{} exited with code {}; its error is in the log above{}",
+                                      head.label, head.exit_code,
+                                      failed.empty() ? std::string()
+                                                     : fmt::format(" (also failed: {})",
+                                                                   fmt::join(failed, ", ")))};
+}
+
 int run_local(const LocalArgs& in) {
   LocalArgs a = in;
   if (a.providers > 0) a.overrides.push_back(fmt::format("outer.providers={}", a.providers));
   const auto cfg = inner::load_run_config(a.config, a.overrides);
+  common::check_diloco_schedule(cfg);
   const int K = cfg.outer.providers;
   const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
   const fs::path keys = run_dir / "keys";
@@ -146,7 +188,10 @@ int run_local(const LocalArgs& in) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   std::vector<std::string> labels;
-  pids.push_back(common::spawn_child({"head", head_argv, {on_host}}));
+  std::vector<std::string> head_env{on_host};
+  // The token goes by environment (`ps` shows argv to every user of the machine).
+  if (!a.http_token.empty()) head_env.push_back("XLOCO_HTTP_TOKEN=" + a.http_token);
+  pids.push_back(common::spawn_child({"head", head_argv, head_env}));
   labels.push_back("head");
   try {
     const std::string endpoint = wait_for_endpoint(run_dir / "head.endpoint", pids[0]);
@@ -170,20 +215,20 @@ int run_local(const LocalArgs& in) {
   const auto results = common::wait_children(pids, labels, wo);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (common::pending_signal() != 0) {
-    fmt::print("interrupted; every child process has been stopped. Resume the head with "
-               "`xloco head --resume`.\n");
+    fmt::print("interrupted; every child process has been stopped. Resume the run with "
+               "`xloco local --resume` and the same config.\n");
     return 130;
   }
+  const auto verdict = local_exit(results);
+  if (!verdict.message.empty()) {
+    if (verdict.code == 130) {
+      fmt::print("{}\n", verdict.message);
+    } else {
+      spdlog::error("{}", verdict.message);
+    }
+    return verdict.code;
+  }
   for (const auto& r : results) {
-    if (r.exit_code == 130 && &r == &results.front()) {
-      fmt::print("{} was interrupted; resume with `xloco local --resume` and the same config.\n",
-                 r.label);
-      return 130;
-    }
-    if (r.exit_code != 0 && &r == &results.front()) {
-      spdlog::error("{} exited with code {}", r.label, r.exit_code);
-      return r.exit_code;
-    }
     if (r.exit_code != 0) {
       spdlog::warn("{} exited with code {} during the run (the head went on without it)", r.label,
                    r.exit_code);
@@ -208,8 +253,14 @@ void add_local_command(CLI::App& app) {
                   "start the providers in this order, half a second apart, e.g. 3,2,1,0 (the "
                   "run's result does not depend on it: a reproducibility check)")
       ->delimiter(',');
-  cmd->add_option("--init", a->init, "warm start θ from a checkpoint (see `xloco head --init`)")
-      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--init", a->init,
+                  "warm start θ from an xloco checkpoint directory, a Hugging Face GPT-2 "
+                  "directory or a nanoGPT-named .safetensors file (see `xloco head --init`)")
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--http-token", a->http_token,
+                  "the head's --http-token: a bearer token /status and /metrics require beyond "
+                  "loopback (passed to the head by environment)")
+      ->envname("XLOCO_HTTP_TOKEN");
   cmd->add_option("--http", a->http,
                   "the head's dashboard and status port, HOST:PORT (default 127.0.0.1:0: a free "
                   "port; the URL is logged and written to runs/NAME/status.url)");

@@ -12,7 +12,9 @@ void add_prepare_command(CLI::App& app) {
   auto o = std::make_shared<inner::PrepareOptions>();
   auto* cmd = app.add_subcommand(
       "prepare", "tokenize text into a tokens data directory (SentencePiece + llm.c token files)");
-  cmd->add_option("--input", o->inputs, "text files or folders (read recursively, in path order)")
+  cmd->add_option("--input", o->inputs,
+                  "text files or folders (read recursively, in path order; symlinks in folders, "
+                  "binary files and duplicates by content are skipped and listed)")
       ->required();
   cmd->add_option("--out", o->out, "the data directory to write (data.path of a tokens run)")
       ->required();
@@ -31,16 +33,22 @@ void add_prepare_command(CLI::App& app) {
   cmd->add_flag("--overwrite", o->overwrite, "replace an existing --out directory");
   cmd->callback([o]() {
     const auto r = inner::prepare_tokens(*o, [](const std::string& line) {
-      spdlog::info("prepare: {}", line);
+      if (line.rfind("skipped ", 0) == 0) {
+        spdlog::warn("prepare: {}", line);
+      } else {
+        spdlog::info("prepare: {}", line);
+      }
     });
     if (r.train_tokenizer_s > 0) {
       fmt::print("tokenizer: {} pieces trained in {:.1f}s\n", r.vocab_size, r.train_tokenizer_s);
     }
     fmt::print("prepared {}: {:.2f} MB of text -> {} train + {} validation tokens ({:.2f} bytes per "
-               "token, round trip byte-exact) in {:.1f}s ({:.2f} MB/s); {} files\n",
+               "token, round trip byte-exact) in {:.1f}s ({:.2f} MB/s); {} input files read, {} "
+               "skipped (listed above); {} token files written\n",
                o->out, r.input_bytes / 1e6, r.train_tokens, r.val_tokens,
                static_cast<double>(r.input_bytes) / std::max<int64_t>(1, r.train_tokens + r.val_tokens),
-               r.encode_s, r.input_bytes / 1e6 / std::max(1e-9, r.encode_s), r.files.size());
+               r.encode_s, r.input_bytes / 1e6 / std::max(1e-9, r.encode_s), r.inputs.size(),
+               r.skipped.size(), r.files.size());
     fmt::print("train on it with data.dataset = \"tokens\", data.path = \"{}\"\n", o->out);
   });
 }

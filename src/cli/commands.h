@@ -1,6 +1,7 @@
 // One registration function per sub-command, each in its own cmd_*.cpp (CLI11).
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,11 @@ const std::vector<std::string>& original_argv();
 // Warns when `secret` (a Z85 secret key, a bearer token) was given on the command line, where
 // every user of the machine reads it in `ps`; `env` names the variable to use instead.
 void warn_if_in_argv(const std::string& secret, const std::string& option, const std::string& env);
+
+// The end-of-run summary of a DiLoCo run directory (its summary.json), as `xloco local` prints it
+// at the end and `xloco status --run` prints it for a run that has ended; `wall` < 0: the
+// summary's own wall time.
+void print_summary(const std::filesystem::path& run_dir, double wall = -1);
 
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

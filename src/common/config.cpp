@@ -1,8 +1,11 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <array>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -11,6 +14,7 @@
 #include "common/error.h"
 #include "common/json_text.h"
 #include "common/metrics.h"
+#include "common/text.h"
 
 namespace xloco::common {
 namespace {
@@ -308,6 +312,108 @@ void validate(const Config& c) {
                 "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
 }
 
+// The known key closest to `key` by edit distance (insertions, deletions, substitutions and
+// swaps of neighbours), when it is within a third of the key's length; "" otherwise.
+std::string nearest_key(const std::string& key, const std::set<std::string>& known) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (size_t k = 0; k <= b.size(); ++k) d[0][k] = k;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      for (size_t k = 1; k <= b.size(); ++k) {
+        d[i][k] = std::min({d[i - 1][k] + 1, d[i][k - 1] + 1,
+                            d[i - 1][k - 1] + (a[i - 1] == b[k - 1] ? 0 : 1)});
+        if (i > 1 && k > 1 && a[i - 1] == b[k - 2] && a[i - 2] == b[k - 1]) {
+          d[i][k] = std::min(d[i][k], d[i - 2][k - 2] + 1);
+        }
+      }
+    }
+    return d[a.size()][b.size()];
+  };
+  if (key.size() > 200) return "";
+  std::string best;
+  size_t best_d = std::max<size_t>(2, key.size() / 3) + 1;
+  for (const auto& k : known) {
+    const size_t dk = distance(key, k);
+    if (dk < best_d) {
+      best_d = dk;
+      best = k;
+    }
+  }
+  return best;
+}
+
+// Keys that do something only when another key has a certain value (issue 53): set to anything
+// but their default where they do nothing, they are refused naming the key that governs them.
+struct InertRule {
+  const char* key;
+  const char* governing;  // the key that decides whether `key` applies
+  const char* applies;    // when it applies, in words
+  bool (*applies_to)(const Config&);
+};
+
+constexpr InertRule kInertRules[] = {
+    {"outer.delay_steps", "outer.overlap", "outer.overlap = \"delayed\"",
+     [](const Config& c) { return c.outer.overlap != Overlap::kNone; }},
+    {"outer.fold", "outer.overlap", "outer.overlap = \"delayed\"",
+     [](const Config& c) { return c.outer.overlap != Overlap::kNone; }},
+    {"outer.topk", "outer.codec_up", "a topk codec (outer.codec_up or outer.codec_down = \"topk\")",
+     [](const Config& c) { return c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk; }},
+    {"outer.topk_bits", "outer.codec_up", "a topk codec (outer.codec_up or outer.codec_down = \"topk\")",
+     [](const Config& c) { return c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk; }},
+    {"outer.topk_down", "outer.codec_down", "outer.codec_down = \"topk\"",
+     [](const Config& c) { return c.outer.codec_down == CodecKind::kTopk; }},
+    {"outer.topk_bits_down", "outer.codec_down", "outer.codec_down = \"topk\"",
+     [](const Config& c) { return c.outer.codec_down == CodecKind::kTopk; }},
+    {"outer.relay_clip", "outer.relay_mean", "outer.relay_mean = \"clipped\"",
+     [](const Config& c) { return c.outer.relay_mean == RelayMean::kClipped; }},
+    {"outer.min_inner_steps", "outer.round_budget_s", "a time budget (outer.round_budget_s > 0)",
+     [](const Config& c) { return c.outer.round_budget_s > 0; }},
+    {"data.dirichlet_alpha", "data.sharding", "data.sharding = \"dirichlet\"",
+     [](const Config& c) { return c.data.sharding == Sharding::kDirichlet; }},
+};
+
+// Refuses a key the user set (present in `user`, the file with its --set overrides) to a value
+// other than its default where its rule says it does nothing.
+void refuse_inert(const json& user, const Config& c) {
+  const json resolved = to_json(c);
+  const json defaults = to_json(Config{});
+  for (const auto& rule : kInertRules) {
+    if (find_dotted(user, rule.key) == nullptr || rule.applies_to(c)) continue;
+    const json* value = find_dotted(resolved, rule.key);
+    const json* fallback = find_dotted(defaults, rule.key);
+    if (value == nullptr || fallback == nullptr || *value == *fallback) continue;
+    const json* governing = find_dotted(resolved, rule.governing);
+    throw ConfigError(fmt::format(
+        "config: {} = {} does nothing here: it applies only with {}, and {} is {}; remove it or "
+        "set {}",
+        rule.key, json_dump(*value), rule.applies, rule.governing,
+        governing != nullptr ? json_dump(*governing) : std::string("unset"), rule.governing));
+  }
+}
+
+// data.path names a folder of token files (meta.json, or a *train*.bin) while data.dataset is
+// left out or "kjv" (a config made for KJV, whose data.path is a text file: it cannot read a
+// folder): the tokens data set, the only one such a folder can be. Any other case is left to
+// the data sets' own errors.
+void infer_dataset(json& j) {
+  const json* path = find_dotted(j, "data.path");
+  const json* dataset = find_dotted(j, "data.dataset");
+  if (path == nullptr || !path->is_string()) return;
+  if (dataset != nullptr && *dataset != "kjv") return;
+  std::error_code ec;
+  const std::filesystem::path dir = path->get<std::string>();
+  if (!std::filesystem::is_directory(dir, ec)) return;
+  bool tokens = std::filesystem::exists(dir / "meta.json", ec);
+  for (std::filesystem::directory_iterator it(dir, ec), end; !tokens && !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    tokens = name.find("train") != std::string::npos && name.size() > 4 &&
+             name.compare(name.size() - 4, 4, ".bin") == 0;
+  }
+  if (tokens) j["data"]["dataset"] = "tokens";
+}
+
 }  // namespace
 
 Config parse_config(const json& j) {
@@ -331,7 +437,9 @@ Config parse_config(const json& j) {
     for (const auto& k : known) {
       if (k.rfind(section + ".", 0) == 0) siblings.push_back(k);
     }
-    throw ConfigError(fmt::format("config: unknown key \"{}\"{}", leaf,
+    const std::string nearest = nearest_key(leaf, known);
+    throw ConfigError(fmt::format("config: unknown key \"{}\"{}{}", printable(leaf),
+                                  nearest.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", nearest),
                                   siblings.empty()
                                       ? std::string("; sections: run, data, model, inner, outer")
                                       : fmt::format("; known keys: {}", fmt::join(siblings, ", "))));
@@ -339,6 +447,35 @@ Config parse_config(const json& j) {
   validate(c);
   return c;
 }
+
+std::pair<size_t, size_t> line_and_column(const std::string& text, size_t byte) {
+  // nlohmann counts `byte` from 1 (the character it stopped at); 0 when nothing was read.
+  const size_t end = std::min(text.size(), byte > 0 ? byte - 1 : 0);
+  size_t line = 1, column = 1;
+  for (size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return {line, column};
+}
+
+namespace {
+
+// nlohmann's parse error without its "[json.exception.parse_error.101] parse error at line L,
+// column C: " prefix (the caller names the place), made printable.
+std::string json_error_text(const std::string& what) {
+  std::string s = what;
+  if (const auto colon = s.find(": "); s.rfind("[json.exception", 0) == 0 && colon != std::string::npos) {
+    s = s.substr(colon + 2);
+  }
+  return printable(s, 300);
+}
+
+}  // namespace
 
 void apply_override(json& j, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -363,13 +500,23 @@ void apply_override(json& j, const std::string& assignment) {
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   XLOCO_ENFORCE(in.good(), ConfigError, "config: cannot open {}", path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  XLOCO_ENFORCE(!j.is_discarded(), ConfigError, "config: {} is not valid JSON", path);
-  for (const auto& o : overrides) apply_override(j, o);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json j;
   try {
-    return parse_config(j);
+    j = json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    const auto [line, column] = line_and_column(text, e.byte);
+    throw ConfigError(fmt::format("config: {}:{}:{}: not valid JSON: {}", path, line, column,
+                                  json_error_text(e.what())));
+  }
+  for (const auto& o : overrides) apply_override(j, o);
+  infer_dataset(j);
+  try {
+    Config c = parse_config(j);
+    refuse_inert(j, c);
+    return c;
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("{} (in {})", e.what(), path));
   }
@@ -404,6 +551,14 @@ const char* to_string(Kernels kernels) { return name_of(kernels); }
 const char* to_string(Overlap overlap) { return name_of(overlap); }
 const char* to_string(Fold fold) { return name_of(fold); }
 const char* to_string(RelayMean mean) { return name_of(mean); }
+
+void check_diloco_schedule(const Config& c) {
+  XLOCO_ENFORCE(c.outer.inner_steps <= c.inner.steps, ConfigError,
+                "config: outer.inner_steps = {} exceeds inner.steps = {}: the run would be one "
+                "round of {} steps, not rounds of H = {}; lower outer.inner_steps or raise "
+                "inner.steps",
+                c.outer.inner_steps, c.inner.steps, c.inner.steps, c.outer.inner_steps);
+}
 
 int total_rounds(const Config& c) {
   return (c.inner.steps + c.outer.inner_steps - 1) / c.outer.inner_steps;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -42,7 +43,9 @@ struct RunConfig {
 };
 
 struct DataConfig {
-  DatasetKind dataset = DatasetKind::kKjv;  // kjv | fmnist | tokens (llm.c token files)
+  // kjv | fmnist | tokens (llm.c token files); left out or kjv while data.path is a folder of
+  // token files (meta.json or *train*.bin), load_config takes tokens
+  DatasetKind dataset = DatasetKind::kKjv;
   Sharding sharding = Sharding::kIid;       // kjv, tokens: iid | contiguous (= books); fmnist: iid | dirichlet
   double dirichlet_alpha = 0.5;  // label skew for fmnist dirichlet sharding
   std::string path = "";         // fmnist: IDX folder; kjv: text file ("" = from `bible`);
@@ -191,6 +194,9 @@ struct Config {
 
 // Rounds of a DiLoCo run: ceil(inner.steps / outer.inner_steps).
 int total_rounds(const Config& c);
+// What a DiLoCo run (head, local) needs beyond a valid config: outer.inner_steps (H) no larger
+// than inner.steps (else the run is one short round, not what H says). Throws ConfigError.
+void check_diloco_schedule(const Config& c);
 // A hash of everything that must agree between the head and its providers (model, data,
 // schedule, outer settings, seed) and nothing host-specific (threads, device, paths).
 std::string config_hash(const Config& c);
@@ -200,6 +206,9 @@ Config parse_config(const nlohmann::json& j);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Applies "a.b=value" (value parsed as JSON, else taken as a string) to a JSON document.
 void apply_override(nlohmann::json& j, const std::string& assignment);
+// The 1-based line and column in `text` of its `byte`-th character (nlohmann's
+// parse_error::byte, the last character read, counted from 1): where a JSON error is reported.
+std::pair<size_t, size_t> line_and_column(const std::string& text, size_t byte);
 nlohmann::json to_json(const Config& c);
 std::string to_json_string(const Config& c);
 

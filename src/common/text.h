@@ -41,4 +41,27 @@ inline bool is_printable(std::string_view s) {
   return true;
 }
 
+// `s` as one POSIX shell word, safe to paste: as it is when it holds only characters no shell
+// treats specially (letters, digits, _@%+=:,./-), otherwise in single quotes (a quote inside
+// written '\''). Z85 keys hold & < > $ ! and would otherwise background, redirect or expand.
+inline std::string shell_quote(std::string_view s) {
+  bool plain = !s.empty();
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      std::string_view("_@%+=:,./-").find(ch) != std::string_view::npos;
+    plain = plain && safe;
+  }
+  if (plain) return std::string(s);
+  std::string out = "'";
+  for (const char ch : s) {
+    if (ch == '\'') {
+      out += "'\\''";
+    } else {
+      out += ch;
+    }
+  }
+  return out + "'";
+}
+
 }  // namespace xloco::common

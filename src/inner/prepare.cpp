@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/safetensors.h"
+#include "common/text.h"
 #include "inner/tokenizer.h"
 #include "inner/tokens.h"
 
@@ -265,23 +267,96 @@ bool is_val_block(int64_t j, double fraction) {
   return std::floor(static_cast<double>(j + 1) * fraction) > std::floor(static_cast<double>(j) * fraction);
 }
 
-std::vector<std::string> list_inputs(const std::vector<std::string>& inputs) {
-  std::vector<std::string> files;
+bool looks_like_text(const std::string& b) {
+  // git's rule (a NUL in the first bytes: binary) and `file`'s spirit: text has few control
+  // bytes besides \t \n \v \f \r and ESC. Bytes that are not UTF-8 (Latin-1, a cp1252
+  // apostrophe) are text still: they round-trip through the tokenizer's byte pieces.
+  size_t control = 0;
+  for (const char ch : b) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == 0) return false;
+    if ((c < 0x20 && !(c >= 0x09 && c <= 0x0d) && c != 0x1b) || c == 0x7f) ++control;
+  }
+  return control * 10 <= b.size();
+}
+
+namespace {
+
+// Blake2b-128 of a whole file, hex.
+std::string file_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XLOCO_ENFORCE(in.good(), IoError, "cannot open input {}", path);
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, nullptr, 0, 16);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(buf.data()),
+                              static_cast<unsigned long long>(in.gcount()));
+  }
+  unsigned char out[16];
+  crypto_generichash_final(&h, out, sizeof out);
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : out) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
+}
+
+// Why `path` is not text to read, or "" when it is.
+std::string not_text_reason(const std::string& path) {
+  constexpr size_t kSample = 64 << 10;
+  std::ifstream in(path, std::ios::binary);
+  XLOCO_ENFORCE(in.good(), IoError, "cannot open input {}", path);
+  std::string head(kSample, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(kSample));
+  head.resize(static_cast<size_t>(in.gcount()));
+  if (head.empty()) return "empty";
+  return looks_like_text(head) ? ""
+                              : "binary (a NUL byte, or over 10 % control bytes, in its first 64 KiB)";
+}
+
+}  // namespace
+
+InputList list_inputs(const std::vector<std::string>& inputs) {
+  std::vector<std::string> candidates;
+  InputList out;
   for (const auto& in : inputs) {
     XLOCO_ENFORCE(fs::exists(in), IoError, "input {} does not exist", in);
     if (fs::is_directory(in)) {
       std::vector<std::string> found;
       for (const auto& e : fs::recursive_directory_iterator(in)) {
-        if (e.is_regular_file()) found.push_back(e.path().string());
+        if (e.is_symlink()) {
+          out.skipped.emplace_back(e.path().string(),
+                                   "a symlink (name its target as an --input to read it)");
+        } else if (e.is_regular_file()) {
+          found.push_back(e.path().string());
+        }
       }
       std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
+      candidates.insert(candidates.end(), found.begin(), found.end());
     } else {
-      files.push_back(in);
+      candidates.push_back(in);
     }
   }
-  XLOCO_ENFORCE(!files.empty(), IoError, "no input files in {}", fmt::join(inputs, ", "));
-  return files;
+  std::map<std::string, std::string> seen;  // digest -> the first file with those bytes
+  for (const auto& f : candidates) {
+    if (const auto why = not_text_reason(f); !why.empty()) {
+      out.skipped.emplace_back(f, why);
+      continue;
+    }
+    const auto [first, fresh] = seen.emplace(file_digest(f), f);
+    if (!fresh) {
+      out.skipped.emplace_back(f, "the same bytes as " + first->second);
+      continue;
+    }
+    out.files.push_back(f);
+  }
+  XLOCO_ENFORCE(!out.files.empty(), IoError, "no text files in {} ({} skipped)",
+                fmt::join(inputs, ", "), out.skipped.size());
+  return out;
 }
 
 namespace {
@@ -367,7 +442,11 @@ PrepareReport prepare_tokens(const PrepareOptions& o,
   XLOCO_ENFORCE(o.val_fraction >= 0 && o.val_fraction < 1, ConfigError,
                 "--val-fraction {} must be in [0, 1)", o.val_fraction);
   XLOCO_ENFORCE(o.shard_tokens > 0, ConfigError, "shard size {} must be positive", o.shard_tokens);
-  const auto files = list_inputs(o.inputs);
+  const auto listed = list_inputs(o.inputs);
+  for (const auto& [path, why] : listed.skipped) {
+    if (progress) progress(fmt::format("skipped {}: {}", common::printable(path, 1024), why));
+  }
+  const auto& files = listed.files;
   XLOCO_ENFORCE(o.overwrite || !fs::exists(o.out), ConfigError,
                 "{} already exists; pass --overwrite to replace it", o.out);
   const std::string tmp = o.out + ".tmp";
@@ -381,6 +460,8 @@ PrepareReport prepare_tokens(const PrepareOptions& o,
     fs::remove_all(tmp, ignored);  // a failed preparation leaves nothing behind
     throw;
   }
+  report.inputs = files;
+  report.skipped = listed.skipped;
   if (fs::exists(o.out)) fs::remove_all(o.out);
   fs::rename(tmp, o.out);
   common::fsync_dir(fs::absolute(o.out).parent_path().string());

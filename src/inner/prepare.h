@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xloco::inner {
@@ -31,15 +32,29 @@ struct PrepareReport {
   double train_tokenizer_s = 0;  // 0 when a tokenizer was given
   double encode_s = 0;           // encoding, round-trip check and writing shards
   std::vector<std::string> files;  // written token files
+  std::vector<std::string> inputs;  // text files read, in order
+  std::vector<std::pair<std::string, std::string>> skipped;  // path, why it was not read
 };
 
 // Runs the whole preparation; `progress` gets one line at most every second while encoding.
 PrepareReport prepare_tokens(const PrepareOptions& options,
                              const std::function<void(const std::string&)>& progress = {});
 
-// Input files of `inputs`: each file as is, each folder's regular files recursively, sorted;
-// throws IoError naming a path that does not exist.
-std::vector<std::string> list_inputs(const std::vector<std::string>& inputs);
+// The text files of `inputs`: each file named, and each folder's regular files recursively,
+// sorted by path. Not read (each with the reason): a symlink found in a folder (it would read its
+// target twice, or text from outside the folder), a binary file (an index, an archive, a .dat:
+// looks_like_text false on its first 64 KiB), an empty file, and a file whose bytes equal an
+// earlier one's (a copy would put the same text in train and validation). Throws IoError naming
+// a path that does not exist, or when no text file is left.
+struct InputList {
+  std::vector<std::string> files;
+  std::vector<std::pair<std::string, std::string>> skipped;  // path, reason
+};
+InputList list_inputs(const std::vector<std::string>& inputs);
+
+// Whether `bytes` (a file's first bytes) look like text: no NUL byte and at most 10 % control
+// bytes other than \t \n \v \f \r and ESC. Text in other encodings than UTF-8 counts as text.
+bool looks_like_text(const std::string& bytes);
 
 // Whether 64 Ki-token block `j` goes to validation: val blocks are spread evenly, the share
 // `fraction` of them (j is a val block when floor((j+1)·f) > floor(j·f)).

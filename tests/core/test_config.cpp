@@ -1,8 +1,11 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "common/config.h"
 #include "common/error.h"
+#include "helpers.h"
 
 using nlohmann::json;
 using xloco::common::ConfigError;
@@ -120,5 +123,96 @@ TEST_SUITE("config") {
     CHECK(c.inner.lr == doctest::Approx(3e-4));
     CHECK(c.run.name == "abc");
     CHECK_THROWS_AS(xloco::common::apply_override(j, "noequals"), ConfigError);
+  }
+
+  TEST_CASE("a key set where it does nothing is refused, naming the key that governs it") {
+    xloco::test::ScratchDir dir("inert");
+    const std::string file = dir.str() + "/c.json";
+    std::ofstream(file) << "{}";
+    auto refusal = [&](const std::vector<std::string>& sets) {
+      try {
+        xloco::common::load_config(file, sets);
+      } catch (const ConfigError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    struct Case {
+      std::vector<std::string> sets;
+      const char* key;
+      const char* governing;
+      std::vector<std::string> fixed;  // the same key where it applies: accepted
+    };
+    const Case cases[] = {
+        {{"outer.fold=arrival"}, "outer.fold", "outer.overlap", {"outer.overlap=delayed"}},
+        {{"outer.delay_steps=5"}, "outer.delay_steps", "outer.overlap", {"outer.overlap=delayed"}},
+        {{"outer.topk=8"}, "outer.topk", "outer.codec_up", {"outer.codec_up=topk"}},
+        {{"outer.topk_bits=4"}, "outer.topk_bits", "outer.codec_up", {"outer.codec_up=topk"}},
+        {{"outer.codec_up=topk", "outer.topk_down=8"}, "outer.topk_down", "outer.codec_down",
+         {"outer.codec_down=topk"}},
+        {{"outer.codec_up=topk", "outer.topk_bits_down=4"}, "outer.topk_bits_down",
+         "outer.codec_down", {"outer.codec_down=topk"}},
+        {{"outer.codec_down=relay", "outer.momentum=0", "outer.relay_clip=3"}, "outer.relay_clip",
+         "outer.relay_mean", {"outer.relay_mean=clipped"}},
+        {{"outer.min_inner_steps=5"}, "outer.min_inner_steps", "outer.round_budget_s",
+         {"outer.round_budget_s=60"}},
+        {{"data.dataset=fmnist", "model.kind=cnn", "data.dirichlet_alpha=0.1"},
+         "data.dirichlet_alpha", "data.sharding", {"data.sharding=dirichlet"}},
+    };
+    for (const auto& c : cases) {
+      INFO(c.key);
+      const std::string msg = refusal(c.sets);
+      CHECK(msg.find(std::string(c.key) + " = ") != std::string::npos);
+      CHECK(msg.find("does nothing here") != std::string::npos);
+      CHECK(msg.find(std::string("set ") + c.governing) != std::string::npos);
+      auto fixed = c.sets;
+      fixed.insert(fixed.end(), c.fixed.begin(), c.fixed.end());
+      CHECK(refusal(fixed).empty());
+    }
+    // Its default value, given, is no refusal; nor is a checkpoint's config (every key, parsed).
+    CHECK(refusal({"outer.relay_clip=2", "outer.delay_steps=0"}).empty());
+    auto all = xloco::common::to_json(parse_config(json::object()));
+    all["outer"]["delay_steps"] = 5;
+    CHECK(parse_config(all).outer.delay_steps == 5);
+    // H larger than the run: refused for a DiLoCo run.
+    auto c = xloco::common::load_config(file, {"inner.steps=400", "outer.inner_steps=1000"});
+    try {
+      xloco::common::check_diloco_schedule(c);
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      CHECK(std::string(e.what()).find("outer.inner_steps = 1000 exceeds inner.steps = 400") !=
+            std::string::npos);
+    }
+    c.outer.inner_steps = 400;
+    CHECK_NOTHROW(xloco::common::check_diloco_schedule(c));
+  }
+
+  TEST_CASE("a JSON syntax error names the line and column; an unknown key the nearest one") {
+    xloco::test::ScratchDir dir("jsonerr");
+    const std::string file = dir.str() + "/c.json";
+    std::ofstream(file) << "{\n  \"inner\": {\n    \"lr\": 3e-4,\n  }\n}\n";  // trailing comma
+    try {
+      xloco::common::load_config(file);
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      CHECK(msg.find(file + ":4:3: not valid JSON") != std::string::npos);
+      CHECK(msg.find("json.exception") == std::string::npos);
+    }
+    CHECK(xloco::common::line_and_column("ab\ncd", 5) == std::pair<size_t, size_t>{2, 2});
+    CHECK(xloco::common::line_and_column("ab", 1) == std::pair<size_t, size_t>{1, 1});
+    try {
+      parse_config(json{{"outer", {{"inner_step", 10}}}});
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      CHECK(std::string(e.what()).find("(did you mean \"outer.inner_steps\"?)") != std::string::npos);
+    }
+    try {
+      parse_config(json{{"outer", {{"zzzzzzzzzzzz", 10}}}});
+      FAIL("expected ConfigError");
+    } catch (const ConfigError& e) {
+      CHECK(std::string(e.what()).find("did you mean") == std::string::npos);
+    }
   }
 }

@@ -43,6 +43,13 @@ with tempfile.TemporaryDirectory() as tmp:
     (src / "b").mkdir(parents=True)
     (src / "a.txt").write_text(text(1, 3000))
     (src / "b" / "c.txt").write_text(text(2, 1500))
+    # What a real folder holds beside its text (Debian's fortunes: .dat indexes and symlinked
+    # duplicates): none of it may be read.
+    (src / "a.txt.dat").write_bytes(b"\x00\x00\x00\x02" + bytes(range(256)) * 4)
+    (src / "ctl.bin").write_bytes(bytes(range(1, 32)) * 100)
+    (src / "link.txt").symlink_to(src / "a.txt")
+    (src / "b" / "copy.txt").write_bytes((src / "a.txt").read_bytes())
+    (src / "empty.txt").write_bytes(b"")
     data = tmp / "data"
     rc, out = xloco("prepare", "--input", src, "--out", data, "--vocab-size", 500, "--val-fraction", 0.2)
     print(out[-2000:])
@@ -52,6 +59,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check("round trip byte-exact" in out and "MB/s" in out, "prepare reports the round trip and its rate")
     meta = json.loads((data / "meta.json").read_text())
     check(meta["vocab_size"] == 500 and len(meta["sources"]) == 2, "meta.json: vocabulary and both sources")
+    check(sorted(Path(x["path"]).name for x in meta["sources"]) == ["a.txt", "c.txt"],
+          "only the two text files were read")
+    for name, why in [("a.txt.dat", "binary"), ("ctl.bin", "binary"),
+                      ("link.txt", "a symlink"), ("copy.txt", "the same bytes as"), ("empty.txt", "empty")]:
+        check(any(name in line and "skipped" in line and why in line for line in out.splitlines()),
+              f"prepare says it skipped {name} ({why})")
+    check("2 input files read, 5 skipped" in out, "the summary counts inputs, not outputs")
+    rc, out = xloco("prepare", "--input", src / "a.txt.dat", "--out", tmp / "none")
+    check(rc != 0 and "no text files" in out and not (tmp / "none").exists(),
+          "a binary file alone is refused, nothing written")
 
     # The token stream, put back in order from the train and val files by meta.json's rule,
     # against SentencePiece's own encoder on the same files (tests/llmc_reader.py).
@@ -59,6 +76,13 @@ with tempfile.TemporaryDirectory() as tmp:
     check(n_val > 0 and n_train > 3 * n_val, f"a validation split ({n_val} of {n_train + n_val} tokens)")
     expected = spm_tokens(data / "tokenizer.model", [src / "a.txt", src / "b" / "c.txt"])
     check(tokens == expected, f"the llm.c files hold exactly spm_encode's tokens ({len(tokens)} tokens)")
+
+    # data.dataset kjv (the file's) with a folder of token files: it can only be tokens.
+    rc, out = xloco("config", "--config", SRC / "configs/kjv-tiny.json", "--set", f"data.path={data}")
+    check(rc == 0 and json.loads(out)["data"]["dataset"] == "tokens",
+          "data.dataset inferred from a data.path of token files" + ("" if rc == 0 else f":\n{out[-400:]}"))
+    rc, out = xloco("config", "--config", SRC / "configs/kjv-tiny.json", "--set", f"data.path={src}")
+    check(rc == 0 and json.loads(out)["data"]["dataset"] == "kjv", "and not from a folder of text")
 
     # Train on it, evaluate in nats per byte, sample, export.
     sets = ["data.dataset=tokens", f"data.path={data}", "model.d_model=64", "model.n_layer=2",

@@ -270,6 +270,16 @@ def run(py, tmp):
                     "--set", "inner.warmup_steps=1", "--set", "inner.batch_size=4", "--set", "model.kind=torchscript",
                     "--set", f"model.path={tmp}/not_scalar.pt")
     check(rc != 0 and "xloco needs the scalar loss" in out, "a forward that returns no scalar is refused at the first step")
+    # The same model error under `xloco local`: every provider fails, the head is stopped; the
+    # ending names the providers' failure and their exit code, not an interruption to resume.
+    rc, out = xloco("local", "--config", SRC / "configs/kjv-tiny-4p.json", *common, *small,
+                    "--set", f"model.path={tmp}/not_scalar.pt", "--set", "run.name=bad-local",
+                    "--set", "outer.providers=2", "--set", "outer.min_providers=2",
+                    "--set", "inner.steps=4", "--set", "outer.inner_steps=2")
+    ok = (rc not in (0, 130) and f"every provider failed: provider-0 (code {rc}), provider-1 (code {rc})" in out
+          and "was interrupted; resume with" not in out)
+    check(ok, f"a model error under xloco local ends with the providers' failure and their code ({rc})" +
+          ("" if ok else f"\n{out[-1200:]}"))
     rc, out = xloco("train", "--config", kjv, *common, "--set", "model.kind=torchscript")
     check(rc != 0 and "needs model.path" in out, "model.kind=torchscript without model.path is a config error")
     rc, out = xloco("train", "--config", kjv, *common, "--set", "model.kind=torchscript", "--set", f"model.path={tmp}/nope.pt")
