@@ -54,7 +54,10 @@ int run_rank(const TrainArgs& a, const common::Config& cfg) {
   auto data = inner::make_dataset(cfg, {0, 1});
   inner::Group group(dist);
   inner::InnerTrainer trainer(cfg, inner::make_model(cfg), group, device);
-  spdlog::info("{} | {} params | {} | {} rank(s) x {} intra-op x {} OpenBLAS thread(s) on {}", common::to_string(cfg.model.kind),
+  const int64_t vocab = trainer.model().declared_vocab();
+  spdlog::info("{}{} | {} params | {} | {} rank(s) x {} intra-op x {} OpenBLAS thread(s) on {}",
+               common::to_string(cfg.model.kind),
+               vocab > 0 ? fmt::format(" (vocabulary {})", vocab) : std::string(),
                inner::count_parameters(trainer.model()), data->describe(), dist.world,
                threads.intra_op, threads.blas, device.str());
   spdlog::info("{}", inner::blas_core_summary());

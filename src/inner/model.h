@@ -44,6 +44,9 @@ class Net : public torch::nn::Module {
   // False when loss() is the only score (TorchScript modules without a `logits` method):
   // evaluation then averages loss() over the validation batches.
   virtual bool has_logits() const { return true; }
+  // The vocabulary a text model was found to have (TorchScript: its logits' last dimension),
+  // for the log; 0 when the model does not say (the built-in gpt's is model.vocab_size).
+  virtual int64_t declared_vocab() const { return 0; }
   // Image models: `n` samples [n, C, H, W] in [0, 1] (TorchScript modules with `sample`).
   virtual bool can_sample() const { return false; }
   virtual torch::Tensor sample(int64_t n);

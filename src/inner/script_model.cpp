@@ -3,10 +3,12 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <spdlog/spdlog.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "inner/data.h"
 
 namespace xloco::inner {
 namespace {
@@ -43,6 +45,7 @@ class ScriptNet : public Net {
     can_sample_ = module_.find_method("sample").has_value();
     if (has_logits_) context_ = config.model.seq_len;
     collect_state();
+    if (config.data.dataset != common::DatasetKind::kFmnist) check_text_contract(config);
   }
 
   // A model file is code, run on the head and on every provider (design §10): before anything
@@ -116,6 +119,7 @@ class ScriptNet : public Net {
 
   int64_t context_length() const override { return context_; }
   bool has_logits() const override { return has_logits_; }
+  int64_t declared_vocab() const override { return vocab_ > 0 ? vocab_ : 0; }
   bool can_sample() const override { return can_sample_; }
   std::vector<StateTensor> state() override { return state_; }
   std::vector<StateTensor> local_state() override { return local_; }
@@ -142,6 +146,64 @@ class ScriptNet : public Net {
     XLOCO_ENFORCE(ok, ConfigError, "{}: forward is `{}`; {}", path_, script_schema_text(schema),
                   kScriptContract);
     takes_targets_ = args.size() == 3;
+  }
+
+  // On text (kjv, tokens), before any training: the module's vocabulary against the data's
+  // (its logits' last dimension, or a forward on the data's largest token id when it has no
+  // logits method), logged; and a warning when its loss cannot depend on the targets.
+  void check_text_contract(const common::Config& config) {
+    const int64_t need = data_vocab_size(config.data);
+    const auto fwd = module_.find_method("forward");
+    const auto& graph = *torch::jit::toGraphFunction(fwd->function()).graph();
+    if (takes_targets_ && graph.inputs().size() == 3 && graph.inputs()[2]->uses().empty()) {
+      spdlog::warn("{}: forward(inputs, targets) never reads targets: its loss cannot depend on "
+                   "the next tokens, and training will teach the model nothing about them",
+                   path_);
+    } else if (!takes_targets_) {
+      spdlog::warn("{}: forward(batch) takes no targets on a text data set: it must make its own "
+                   "(the inputs shifted by one) for the loss to be next-token prediction", path_);
+    }
+    if (need <= 0) return;
+    torch::NoGradGuard no_grad;
+    const bool was_training = module_.is_training();
+    module_.eval();
+    const int64_t T = std::max<int64_t>(1, std::min<int64_t>(config.model.seq_len, 8));
+    const auto top = torch::full({2, T}, need - 1, torch::kLong);
+    if (has_logits_) {
+      torch::Tensor out;
+      try {
+        out = module_.get_method("logits")({torch::zeros({1, T}, torch::kLong)}).toTensor();
+      } catch (const c10::Error& e) {
+        throw ConfigError(fmt::format("{}: logits(inputs) failed on a [1, {}] batch of token 0: {}",
+                                      path_, T, script_first_line(e.what_without_backtrace())));
+      }
+      vocab_ = out.dim() > 0 ? out.size(-1) : 0;
+    } else {
+      try {
+        module_.forward(takes_targets_ ? std::vector<c10::IValue>{top, top}
+                                       : std::vector<c10::IValue>{top});
+        vocab_ = -1;  // takes the data's largest id; its size is its own business
+      } catch (const c10::Error& e) {
+        const std::string why = e.what_without_backtrace();
+        XLOCO_ENFORCE(why.find("out of range") == std::string::npos, ConfigError,
+                      "{}: forward fails on token id {}, the data's largest (its vocabulary is "
+                      "{}): the module's vocabulary is smaller than the data's ({})",
+                      path_, need - 1, need, script_first_line(why));
+        vocab_ = -1;  // another failure: training reports it with the batch's shapes
+      }
+    }
+    module_.train(was_training);
+    XLOCO_ENFORCE(vocab_ < 0 || vocab_ >= need, ConfigError,
+                  "{}: its logits have {} entries but the data's vocabulary is {} ({}): tokens "
+                  "at or above {} would have no embedding; build the module with a vocabulary "
+                  "of at least {}",
+                  path_, vocab_, need,
+                  config.data.dataset == common::DatasetKind::kKjv ? std::string("kjv is byte-level")
+                                                                  : config.data.path + "/meta.json",
+                  vocab_, need);
+    spdlog::debug("{}: vocabulary {} (the data's: {})", path_,
+                  vocab_ > 0 ? std::to_string(vocab_) : std::string("not declared (no logits method)"),
+                  need);
   }
 
   void collect_state() {
@@ -176,6 +238,7 @@ class ScriptNet : public Net {
   torch::jit::Module module_;
   bool takes_targets_ = true, has_logits_ = false, can_sample_ = false;
   int64_t context_ = 0;
+  int64_t vocab_ = -1;  // the logits' last dimension on text; -1 when not known
   std::vector<StateTensor> state_, local_;
 };
 

@@ -135,7 +135,7 @@ class TokensDataset : public Dataset {
     return fmt::format("tokens shard {}/{} ({}): {} train tokens in {} blocks, {} validation "
                        "tokens, vocabulary {}", shard_.index, shard_.count,
                        common::to_string(config_.data.sharding), train_tokens_, mine_.size(),
-                       val_tokens_, config_.model.vocab_size);
+                       val_tokens_, data_vocab_size(config_.data));
   }
 
  private:

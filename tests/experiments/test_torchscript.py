@@ -11,7 +11,8 @@
   grid of its samples and scores them with a Fashion-MNIST cnn; `xloco eval --batch-size`.
 - Modules that break the contract (no forward, wrong signature, float64 parameters, a loss that
   is not a scalar, a file that is not TorchScript, a graph that reads files with
-  torch.from_file) are refused with errors naming the problem.
+  torch.from_file, a vocabulary smaller than the data's) are refused with errors naming the
+  problem; a forward that never reads its targets is warned; the log names the vocabulary.
 Needs python3-torch (deploy/setup.sh installs it)."""
 import json
 import os
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "tests"))
-from cli_checks import SRC, check, failures, torch_python, xloco  # noqa: E402
+from cli_checks import SRC, XLOCO, check, failures, torch_python, xloco  # noqa: E402
 import read_safetensors  # noqa: E402
 
 
@@ -99,6 +100,16 @@ class NotScalar(nn.Module):
 torch.jit.script(NotScalar()).save(out + "/not_scalar.pt")
 
 torch.jit.script(tiny_gpt.TinyGpt(256, 32, 32, 1, 2).double()).save(out + "/double.pt")
+# A vocabulary smaller than KJV's 256 bytes: refused before training (issue 53).
+torch.jit.script(tiny_gpt.TinyGpt(128, 32, 32, 1, 2)).save(out + "/small_vocab.pt")
+
+class IgnoresTargets(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(256))
+    def forward(self, inputs, targets):
+        return (self.w[inputs] ** 2).mean()
+torch.jit.script(IgnoresTargets()).save(out + "/ignores_targets.pt")
 
 # A model file is code: this one reads the head's secret key into a buffer that would leave in
 # theta_pub (issue 52). The loader must refuse it before any call.
@@ -184,6 +195,7 @@ def run(py, tmp):
               f"twin loss sequence equals the built-in's over {len(a)} steps (max diff {worst:.2e})")
         check(a[-1][1] < a[0][1] - 0.5, f"and the loss falls ({a[0][1]:.3f} -> {a[-1][1]:.3f})")
         check("initial weights from" in out2, "--init named in the log")
+        check("torchscript (vocabulary 256) |" in out2, "the module's vocabulary in the log")
 
     # 2. K=2 DiLoCo of the twin: θ_pub agrees; the checkpoint loads into Python.
     small = ["--set", "model.kind=torchscript", "--set", f"model.path={tmp}/twin_small.pt",
@@ -207,8 +219,10 @@ def run(py, tmp):
         res = subprocess.run([py, str(loader), str(tmp / "twin_small.pt"), str(ckpts[-1] / "model.safetensors"), str(SRC)],
                              capture_output=True, text=True)
         check(res.returncode == 0 and '"loaded"' in res.stdout, "head checkpoint loads with load_state_dict(strict=True)" + ("" if res.returncode == 0 else ":\n" + res.stderr[-800:]))
-        rc, out = xloco("sample", "--checkpoint", ckpts[-1], "--tokens", "20", "--prompt", "And")
-        check(rc == 0 and out.startswith("And") and len(out) > 10, "xloco sample continues text through the module's logits")
+        res = subprocess.run([XLOCO, "sample", "--checkpoint", str(ckpts[-1]), "--tokens", "20", "--prompt", "And"],
+                             capture_output=True, text=True)  # the text on stdout, logs on stderr
+        check(res.returncode == 0 and res.stdout.startswith("And") and len(res.stdout) > 10,
+              "xloco sample continues text through the module's logits" + ("" if res.returncode == 0 else ":\n" + res.stderr[-600:]))
 
     # 3. Batch norm: float buffers in θ (averaged by the head), int64 buffers per rank.
     rc, out = xloco("local", "--config", SRC / "configs/kjv-tiny-4p.json", *common,
@@ -280,6 +294,18 @@ def run(py, tmp):
           and "was interrupted; resume with" not in out)
     check(ok, f"a model error under xloco local ends with the providers' failure and their code ({rc})" +
           ("" if ok else f"\n{out[-1200:]}"))
+    rc, out = xloco("train", "--config", kjv, *common, "--set", "run.name=bad", "--set", "inner.steps=2",
+                    "--set", "inner.warmup_steps=1", "--set", "inner.batch_size=4", "--set", "model.kind=torchscript",
+                    "--set", f"model.path={tmp}/small_vocab.pt")
+    check(rc not in (0, 130) and "its logits have 128 entries but the data's vocabulary is 256" in out
+          and "Traceback" not in out and len(out.splitlines()) < 40,
+          "a module whose vocabulary is smaller than the data's is refused before training, in a line" +
+          ("" if rc not in (0, 130) else f" (rc {rc})\n{out[-800:]}"))
+    rc, out = xloco("train", "--config", kjv, *common, "--set", "run.name=ign", "--set", "inner.steps=2",
+                    "--set", "inner.warmup_steps=1", "--set", "inner.batch_size=4", "--set", "model.kind=torchscript",
+                    "--set", f"model.path={tmp}/ignores_targets.pt")
+    check(rc == 0 and "never reads targets" in out, "a forward that never reads its targets is warned" +
+          ("" if rc == 0 else f" (rc {rc})\n{out[-800:]}"))
     rc, out = xloco("train", "--config", kjv, *common, "--set", "model.kind=torchscript")
     check(rc != 0 and "needs model.path" in out, "model.kind=torchscript without model.path is a config error")
     rc, out = xloco("train", "--config", kjv, *common, "--set", "model.kind=torchscript", "--set", f"model.path={tmp}/nope.pt")
