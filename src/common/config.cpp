@@ -614,4 +614,54 @@ std::string config_hash(const Config& c) {
   return hash_hex(text.data(), text.size());
 }
 
+std::vector<KeyExplained> explain_config(const std::string& path,
+                                         const std::vector<std::string>& overrides,
+                                         const Config& resolved) {
+  std::ifstream in(path, std::ios::binary);
+  XLOCO_ENFORCE(in.good(), ConfigError, "config: cannot open {}", path);
+  const json file = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  json set = json::object();
+  for (const auto& o : overrides) apply_override(set, o);
+  json merged = file.is_object() ? file : json::object();
+  for (const auto& o : overrides) apply_override(merged, o);
+  ModelConfig preset;
+  const json* preset_name = find_dotted(merged, "model.preset");
+  const bool has_preset = preset_name != nullptr && preset_name->is_string();
+  if (has_preset) apply_model_preset(preset_name->get<std::string>(), preset);
+  const json preset_json = to_json([&] {
+    Config c;
+    c.model = preset;
+    return c;
+  }());
+  const json defaults = to_json(Config{});
+  const json values = to_json(resolved);
+  std::vector<KeyExplained> out;
+  Config probe = resolved;
+  visit_fields(probe, [&](const std::string& key, auto&, const auto&) {
+    KeyExplained k;
+    k.key = key;
+    const json* v = find_dotted(values, key);
+    k.value = v != nullptr ? json_dump(*v) : "null";
+    if (find_dotted(set, key) != nullptr) {
+      k.source = "--set";
+    } else if (file.is_object() && find_dotted(file, key) != nullptr) {
+      k.source = "file";
+    } else if (has_preset && key.rfind("model.", 0) == 0 &&
+               *find_dotted(preset_json, key) != *find_dotted(defaults, key)) {
+      k.source = "preset";
+    } else if (v != nullptr && *v != *find_dotted(defaults, key)) {
+      k.source = "derived";  // from the data or the module (model.vocab_size from meta.json)
+    } else {
+      k.source = "default";
+    }
+    for (const auto& rule : kInertRules) {
+      if (key == rule.key && !rule.applies_to(resolved)) {
+        k.inert = fmt::format("inert: applies only with {}", rule.applies);
+      }
+    }
+    out.push_back(std::move(k));
+  });
+  return out;
+}
+
 }  // namespace xloco::common

@@ -209,6 +209,19 @@ void apply_override(nlohmann::json& j, const std::string& assignment);
 // The 1-based line and column in `text` of its `byte`-th character (nlohmann's
 // parse_error::byte, the last character read, counted from 1): where a JSON error is reported.
 std::pair<size_t, size_t> line_and_column(const std::string& text, size_t byte);
+// `xloco config --explain`: every key of the config that `path` with `overrides` loads to, with
+// where its value came from ("default", "preset", "file", "--set", or "derived": set from the
+// data or the module, as model.vocab_size from meta.json) and, for a key that does
+// nothing with this config, why (the rule naming the key that governs it; "" otherwise).
+struct KeyExplained {
+  std::string key;
+  std::string value;   // as JSON text
+  std::string source;  // default | preset | file | --set | derived
+  std::string inert;   // "applies only with …", or ""
+};
+std::vector<KeyExplained> explain_config(const std::string& path,
+                                         const std::vector<std::string>& overrides,
+                                         const Config& resolved);
 nlohmann::json to_json(const Config& c);
 std::string to_json_string(const Config& c);
 

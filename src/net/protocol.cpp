@@ -97,6 +97,7 @@ void write(const RoundStart&, json&, Message&) {}
 void write(const Contribution& m, json& h, Message& frames) {
   h["tokens"] = m.tokens;
   h["compute_s"] = m.compute_s;
+  if (m.train_loss >= 0) h["train_loss"] = m.train_loss;
   frames.push_back(m.payload);
 }
 void write(const Update& m, json&, Message& frames) { frames.push_back(m.payload); }
@@ -149,6 +150,7 @@ Contribution read(const json& h, const Message& frames, Contribution*) {
   Contribution c;
   c.tokens = unsigned_field(h, "tokens");
   c.compute_s = nonnegative_field(h, "compute_s");
+  if (h.contains("train_loss")) c.train_loss = nonnegative_field(h, "train_loss");
   c.payload = frames[1];
   return c;
 }

@@ -102,6 +102,8 @@ struct Contribution {  // provider → head: its compressed pseudo-gradient for 
   std::uint64_t tokens = 0;  // tokens this provider processed in the round (its weight)
   double compute_s = 0;      // its inner compute time this round (sync-overhead metrics)
   Frame payload;             // one binary codec frame
+  double train_loss = -1;    // its mean training loss over the round's steps (the dashboard's
+                             // training curve); < 0: not reported (a provider before it)
 };
 struct Update {   // head → providers: the compressed outer update closing `round`
   Frame payload;  // one binary codec frame

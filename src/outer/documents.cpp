@@ -13,6 +13,7 @@ void to_json(nlohmann::json& j, const RoundRecord& r) {
   if (r.eval_loss) j["eval_loss"] = *r.eval_loss;
   if (r.eval_accuracy) j["eval_accuracy"] = *r.eval_accuracy;
   if (r.eval_skipped) j["eval_skipped"] = *r.eval_skipped;
+  if (r.train_loss) j["train_loss"] = *r.train_loss;
 }
 
 void from_json(const nlohmann::json& j, RoundRecord& r) {
@@ -20,6 +21,7 @@ void from_json(const nlohmann::json& j, RoundRecord& r) {
   r.eval_loss = j.value("eval_loss", nlohmann::json()).get<std::optional<double>>();
   r.eval_accuracy = j.value("eval_accuracy", nlohmann::json()).get<std::optional<double>>();
   r.eval_skipped = j.value("eval_skipped", nlohmann::json()).get<std::optional<std::string>>();
+  r.train_loss = j.value("train_loss", nlohmann::json()).get<std::optional<double>>();
 }
 
 HistoryPoint history_point(const RoundRecord& r) {
@@ -33,6 +35,7 @@ HistoryPoint history_point(const RoundRecord& r) {
   h.compute_s = r.compute_s;
   h.utilization = r.round_wall_s > 0 ? std::clamp(r.compute_s / r.round_wall_s, 0.0, 1.0) : 0.0;
   h.eval_loss = r.eval_loss;
+  h.train_loss = r.train_loss;
   return h;
 }
 

@@ -116,6 +116,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants
 struct RoundRecord : RoundFields {
   std::optional<double> eval_loss;       // when the round was evaluated
   std::optional<double> eval_accuracy;   // cnn
+  // The participants' mean training loss over the round's steps, weighted by their tokens
+  // (those that reported one): not the same data or parameters as eval_loss.
+  std::optional<double> train_loss;
   std::optional<std::string> eval_skipped;  // why a round due for evaluation was not
 };
 void to_json(nlohmann::json& j, const RoundRecord& r);
@@ -179,10 +182,11 @@ struct HistoryPoint {
   double compute_s = 0;                // slowest participant's
   double utilization = 0;              // compute_s / round_wall_s (1 − sync_overhead)
   std::optional<double> eval_loss;     // null when the round was not evaluated
+  std::optional<double> train_loss;    // null when no participant reported one
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HistoryPoint, round, tokens, participants,
                                                 bytes_up, bytes_down, round_wall_s, compute_s,
-                                                utilization, eval_loss)
+                                                utilization, eval_loss, train_loss)
 HistoryPoint history_point(const RoundRecord& r);
 
 // A point of the single-cluster baseline's eval curve (the head's --baseline: the metrics

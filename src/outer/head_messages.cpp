@@ -191,6 +191,7 @@ void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net:
     set_state({peer, MemberState::kActive, fmt::format("on time again in round {}", r)});
   }
   m.compute_s = c.compute_s;
+  m.train_loss = c.train_loss;
   const auto now = Clock::now();
   if (m.first_contribution == Clock::time_point{}) {
     m.first_contribution = now;

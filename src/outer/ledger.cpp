@@ -1,6 +1,7 @@
 #include "outer/ledger.h"
 #include "common/json_text.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -54,13 +55,20 @@ RoundRecord RunLedger::close_round(const RoundState& round, const std::string& r
   rec.reason = reason;
   rec.update_bytes = update_bytes;
   rec.round_s = seconds_since(round.started);
+  double loss_sum = 0, loss_weight = 0;
   for (const auto& [p, tokens] : round.contributed) {
     Member& m = members[p];
     m.tokens += tokens;
     m.last_round = round.round;
     rec.tokens += tokens;
     rec.compute_s = std::max(rec.compute_s, m.compute_s);
+    if (m.train_loss >= 0 && std::isfinite(m.train_loss)) {
+      const double w = std::max<double>(1, static_cast<double>(tokens));
+      loss_sum += w * m.train_loss;
+      loss_weight += w;
+    }
   }
+  if (loss_weight > 0) rec.train_loss = loss_sum / loss_weight;
   rec.comm_s = std::max(0.0, rec.round_s - rec.compute_s);
   rec.frames = frames_;
   rec.refused = round_refused_;

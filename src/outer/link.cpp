@@ -83,9 +83,21 @@ void Link::loop() {
       auto env = net::decode(rx->message, run_);
       std::lock_guard<std::mutex> lock(mu_);
       last_rx_ = Clock::now();
+      wrong_run_ = 0;
       inbox_.push_back(std::move(env));
       cv_.notify_one();
-    } catch (const std::exception& e) {  // any decode failure: the message is dropped, not the link
+    } catch (const net::ProtocolError& e) {  // dropped, not the link; another run's: counted
+      spdlog::warn("ignored a bad message from the head: {}", common::printable(e.what(), 512));
+      if (e.kind() != net::ProtocolErrorKind::kWrongRun) continue;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (++wrong_run_ >= 3 && !fatal_) {
+        fatal_ = fmt::format(
+            "the head at {} belongs to another run ({}): start this provider with the head's "
+            "run.name (--set run.name=..., as the head's join line has it)",
+            net_->endpoint(), common::printable(e.what(), 256));
+        cv_.notify_one();
+      }
+    } catch (const std::exception& e) {  // any other decode failure: the message is dropped
       spdlog::warn("ignored a bad message from the head: {}", common::printable(e.what(), 512));
     }
   }
@@ -96,6 +108,11 @@ void Link::send(const net::Message& m, bool urgent) {
   if (st != net::SendStatus::kSent) {
     spdlog::warn("message to the head at {}: {}", net_->endpoint(), net::to_string(st));
   }
+}
+
+std::optional<std::string> Link::fatal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fatal_;
 }
 
 }  // namespace xloco::outer

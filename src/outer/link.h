@@ -38,6 +38,9 @@ class Link {
   double head_silent_s() const;  // since anything last came from the head
   Clock::time_point last_rx() const;
   std::string endpoint() const { return net_->endpoint(); }
+  // Why this link cannot work, once it is known: the head answered 3 messages in a row for
+  // another run (run.name differs). Empty while there is hope.
+  std::optional<std::string> fatal() const;
 
  private:
   void loop();
@@ -55,6 +58,8 @@ class Link {
   uint64_t round_ = 0, step_ = 0;
   double tokens_per_s_ = 0;
   Clock::time_point last_rx_ = Clock::now();
+  int wrong_run_ = 0;                  // messages in a row for another run
+  std::optional<std::string> fatal_;
   std::thread thread_;  // last: starts once everything above exists
 };
 

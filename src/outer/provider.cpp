@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -75,6 +76,7 @@ class Leader {
     bool updated = false;
     while (true) {
       XLOCO_ENFORCE(common::pending_signal() == 0, common::Error, "interrupted while joining");
+      if (auto why = link_.fatal()) throw common::ConfigError(*why);
       check_head_alive();
       auto env = link_.next(std::chrono::milliseconds(200));
       if (!env) continue;
@@ -157,7 +159,8 @@ class Leader {
 
   // Sends δ (flat, CPU) for round r, its fragment's tensors only (outer.fragments); the
   // encoder keeps what it could not send as its residual.
-  void contribute(uint64_t r, const torch::Tensor& delta, uint64_t tokens, double compute_s) {
+  void contribute(uint64_t r, const torch::Tensor& delta, uint64_t tokens, double compute_s,
+                  double train_loss) {
     torch::NoGradGuard guard;
     std::vector<uint8_t> frame;
     if (attack_) {
@@ -171,6 +174,7 @@ class Leader {
     net::Contribution c;
     c.tokens = tokens;
     c.compute_s = compute_s;
+    c.train_loss = train_loss;
     c.payload = net::Frame(std::move(frame));
     // outer.codec_down "relay" sends each provider the others' frames only: it keeps its own.
     if (cfg_.outer.codec_down == common::CodecKind::kRelay) {
@@ -437,6 +441,8 @@ class ProviderRun {
     idle_s_ = std::chrono::duration<double>(start - compute_end_).count();
     state_wait_s_ = state_wait_s;
     tokens_ = 0;
+    loss_sum_ = 0;
+    loss_steps_ = 0;
     double waited_s = 0;  // for the update, at the fold: idle, not compute
     bool folded = !chained;
     folded_at_ = -1;
@@ -460,6 +466,10 @@ class ProviderRun {
                                            schedule_position(r, done, elapsed, cfg_));
       ++done;
       tokens_ += static_cast<uint64_t>(st.tokens);
+      if (std::isfinite(st.loss)) {
+        loss_sum_ += st.loss;
+        ++loss_steps_;
+      }
       if (throttle_ > 1) {
         const auto took = Clock::now() - t_step;
         std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(took * (throttle_ - 1)));
@@ -526,7 +536,8 @@ class ProviderRun {
       delta = theta.is_cpu() ? theta : theta.to(torch::kCPU);
       torch::sub_out(delta, theta_pub_, delta);
     }
-    lead_->contribute(r, delta, tokens_, compute_s_);
+    lead_->contribute(r, delta, tokens_, compute_s_,
+                      loss_steps_ > 0 ? loss_sum_ / static_cast<double>(loss_steps_) : -1.0);
     const std::string base_hash = hash_of(theta_pub_);  // θ_pub(r − 1), before the update
     // While the contribution goes out and the head closes the round: keep what a restart
     // would otherwise lose, on a thread of its own (joined before the next round trains).
@@ -816,6 +827,8 @@ class ProviderRun {
   int64_t steps_done_ = 0, last_step_ = 0;
   inner::StepStats last_stats_;
   double compute_s_ = 0, idle_s_ = 0, state_wait_s_ = 0;
+  double loss_sum_ = 0;     // this round's training losses, for its contribution's train_loss
+  int64_t loss_steps_ = 0;
   bool chained_ = false;  // the round in hand started before the head confirmed it
   double carry_s_ = 0;     // with a time budget: what chained rounds ran over it (budget_carry)
   int64_t folded_at_ = -1;  // the step its fold came at (-1: not chained)

@@ -75,6 +75,33 @@ TEST_SUITE("cli") {
     CHECK(r.out.find("fp32, bf16, int8, int4") != std::string::npos);
   }
 
+  TEST_CASE("xloco config --explain: each key's value, its source, and whether it does anything") {
+    test::ScratchDir dir("explain");
+    const std::string file = dir.str() + "/c.json";
+    std::ofstream(file) << R"({"model": {"preset": "gpt2-small"}, "inner": {"steps": 600}})";
+    const auto r = run("config --config " + file + " --set outer.lr=0.5 --set model.n_layer=2 --explain");
+    REQUIRE(r.code == 0);
+    auto line_of = [&](const std::string& key) {
+      const auto at = r.out.find("\n" + key + " = ");
+      if (at == std::string::npos) return std::string();
+      return r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+    };
+    INFO(r.out);
+    CHECK(line_of("outer.lr").find("0.5") != std::string::npos);
+    CHECK(line_of("outer.lr").find("--set") != std::string::npos);
+    CHECK(line_of("inner.steps").find("600") != std::string::npos);
+    CHECK(line_of("inner.steps").find("file") != std::string::npos);
+    CHECK(line_of("model.d_model").find("768") != std::string::npos);
+    CHECK(line_of("model.d_model").find("preset") != std::string::npos);
+    CHECK(line_of("model.n_layer").find("2") != std::string::npos);
+    CHECK(line_of("model.n_layer").find("--set") != std::string::npos);
+    CHECK(line_of("model.vocab_size").find("derived") != std::string::npos);  // kjv: 256 bytes
+    CHECK(line_of("outer.momentum").find("default") != std::string::npos);
+    CHECK(line_of("outer.relay_clip").find("inert: applies only with outer.relay_mean") != std::string::npos);
+    CHECK(line_of("outer.topk").find("inert") != std::string::npos);
+    CHECK(line_of("outer.lr").find("inert") == std::string::npos);
+  }
+
   TEST_CASE("train --nproc 2, then --resume, eval and sample from the checkpoint") {
     if (!test::have_kjv()) {
       XLOCO_SKIP_CASE("/usr/bin/bible missing");

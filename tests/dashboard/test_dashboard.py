@@ -49,6 +49,9 @@ DOM = """(() => {
     history: Number(document.body.dataset.historyRounds || 0),
     points: q('#loss-chart circle.pt').length,
     points_attr: Number(document.getElementById('loss-chart').dataset.points),
+    train_points: Number(document.getElementById('loss-chart').dataset.trainPoints || 0),
+    train_paths: q('#loss-chart path.series.train').length,
+    legend: document.getElementById('loss-legend').textContent,
     bytes: Number(document.getElementById('bytes-total').dataset.bytes),
     util_paths: q('#util-chart path.series').length,
     rows: q('#providers tbody tr.provider').map((tr) => ({name: tr.dataset.name, state: tr.dataset.state,
@@ -90,6 +93,10 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
         check(dom["polls"] >= 1 and not dom["notice"], f"the page polled the head without error ({dom['polls']} polls)")
         check(dom["points"] >= 2, f"the loss chart has points after two rounds ({dom['points']})")
         check(dom["points"] == dom["points_attr"], "each evaluated round is one circle in the loss chart")
+        check(dom["train_points"] >= 2 and dom["train_paths"] == 1,
+              f"the providers' training loss is a line of its own ({dom['train_points']} rounds)")
+        check("eval loss" in dom["legend"] and "training loss" in dom["legend"],
+              f"the legend tells the lines apart: {dom['legend'][:120]}")
         # The page may be one poll behind /history: its count lies between the count before the
         # DOM was read, less a poll's worth, and the count after.
         check(before - 2 <= dom["points"] <= after,

@@ -4,6 +4,7 @@
 - The head's "join with" line, pasted into bash as printed (the head's Z85 key holds & < > $ !),
   joins the run: it repeats the head's --set overrides that the config hash covers and names the
   head's own (run.*), so the provider is not refused on the hash; the run finishes.
+- A provider whose run.name is not the head's exits naming it (it retried forever before).
 - `xloco status --run DIR` on the finished run prints its summary (and --json summary.json)
   instead of failing to connect.
 - `xloco local --init FILE.safetensors` takes a file; `xloco local --http-token` reaches the head
@@ -41,7 +42,8 @@ def join_run(tmp):
     """A head with keys and overrides; its join line run through bash as printed."""
     rc, out = xloco("keygen", tmp / "keys/head")
     rc2, _ = xloco("keygen", tmp / "keys/allow/p0")
-    check(rc == 0 and rc2 == 0, "keygen head and provider")
+    rc3, _ = xloco("keygen", tmp / "keys/allow/p1")
+    check(rc == 0 and rc2 == 0 and rc3 == 0, "keygen head and providers")
     head_pub = (tmp / "keys/head.pub").read_text().strip()
     run_dir = tmp / "runs/join"
     log = open(tmp / "head.log", "w+")
@@ -74,6 +76,16 @@ def join_run(tmp):
               f"the join line repeats the hashed overrides and run.name, not the head's own ({agreed})")
         check(own is not None and "run.threads=1" in own and "run.dir=" in own,
               f"and names the head's own settings: {own}")
+        # The line without run.name (a provider that kept the config file's): the head answers
+        # for another run; the provider says so and exits instead of retrying forever.
+        wrong = join.replace("xloco worker", shlex.quote(XLOCO) + " worker", 1)
+        wrong = wrong.replace(" --set run.name=join", "").replace("PROVIDER.key", shlex.quote(str(tmp / "keys/allow/p1.key")))
+        res = subprocess.run(["bash", "-c", "exec " + wrong + " --set " + shlex.quote(f"run.dir={tmp}/wrong")],
+                             capture_output=True, text=True, cwd=tmp, timeout=120)
+        check(res.returncode == 2 and "belongs to another run" in res.stdout + res.stderr
+              and "run.name" in res.stdout + res.stderr,
+              f"a provider of another run.name exits naming it (rc {res.returncode})" +
+              ("" if res.returncode == 2 else ":\n" + (res.stdout + res.stderr)[-800:]))
         cmd = join.replace("xloco worker", shlex.quote(XLOCO) + " worker", 1)
         cmd = cmd.replace("PROVIDER.key", shlex.quote(str(tmp / "keys/allow/p0.key")))
         cmd += " --set " + shlex.quote(f"run.dir={tmp}/worker")

@@ -17,7 +17,7 @@ std::vector<Envelope> sample_envelopes() {
       {kRun, 3, Welcome{text("full state bytes"), 2, 4}},
       {kRun, 3, Heartbeat{}},
       {kRun, 4, RoundStart{}},
-      {kRun, 4, Contribution{65536, 1.5, text("int8 codec frame")}},
+      {kRun, 4, Contribution{65536, 1.5, text("int8 codec frame"), 2.25}},
       {kRun, 4, Update{text("fp32 update frame")}},
       {kRun, 5, Bye{"lease ended"}},
       {kRun, 5, ErrorReply{RefusalCode::kMalformed, "protocol error (wrong_run): this head runs run-7"}},
@@ -46,6 +46,7 @@ void check_same(const Envelope& sent, const Envelope& got) {
           CHECK(actual.tokens == expected.tokens);
           CHECK(actual.compute_s == expected.compute_s);
           CHECK(actual.payload == expected.payload);
+          CHECK(actual.train_loss == expected.train_loss);
         } else if constexpr (std::is_same_v<T, Update>) {
           CHECK(actual.payload == expected.payload);
         } else if constexpr (std::is_same_v<T, Bye>) {

@@ -61,6 +61,28 @@ TEST_SUITE("net.protocol") {
     CHECK(kinds.size() == kAllErrorKinds);
   }
 
+  TEST_CASE("a contribution's train_loss: optional, and refused unless finite and >= 0") {
+    Envelope with{kRun, 7, Contribution{1234, 0.25, Frame(std::string_view("codec")), 3.5}};
+    CHECK(std::get<Contribution>(decode(encode(with), kRun).body).train_loss == 3.5);
+    Envelope without{kRun, 7, Contribution{1234, 0.25, Frame(std::string_view("codec"))}};
+    const Message plain = encode(without);
+    CHECK(std::string(reinterpret_cast<const char*>(plain[0].data()), plain[0].size()).find("train_loss") ==
+          std::string::npos);  // an old head reads what it always read
+    CHECK(std::get<Contribution>(decode(plain, kRun).body).train_loss < 0);
+    for (const char* bad : {"-1", "\"x\"", "1e999", "null"}) {
+      CAPTURE(bad);
+      Message m = encode(with);
+      std::string header(reinterpret_cast<const char*>(m[0].data()), m[0].size());
+      const auto at = header.find("\"train_loss\":");
+      REQUIRE(at != std::string::npos);
+      const auto end = header.find_first_of(",}", at);
+      header = header.substr(0, at) + "\"train_loss\":" + bad + header.substr(end);
+      m[0] = Frame(std::string_view(header));
+      const auto kind = decode_error_kind(m);
+      CHECK((kind == ProtocolErrorKind::kBadField || kind == ProtocolErrorKind::kNotJson));
+    }
+  }
+
   TEST_CASE("errors name their kind and never escape as anything but ProtocolError") {
     try {
       (void)decode({Frame(std::string_view("{\"v\":9}"))}, kRun);
