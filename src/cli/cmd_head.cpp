@@ -65,7 +65,8 @@ std::string join_line(const Args& a, const common::Config& cfg, const std::strin
   if (!own.empty()) {
     std::string words;
     for (const auto& o : own) words += " " + common::shell_quote(o);
-    out += "  (the head's own settings, which providers need not repeat:" + words + ")\n";
+    out += "  (not repeated: the head's alone, or each machine's own, as run.dir and data.path "
+           "are; set yours where they differ:" + words + ")\n";
   }
   return out;
 }

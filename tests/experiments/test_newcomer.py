@@ -61,7 +61,7 @@ def join_run(tmp):
             for i, line in enumerate(lines):
                 if line.startswith("join with:") and i + 1 < len(lines):
                     join = lines[i + 1].strip()
-                    if i + 2 < len(lines) and "need not repeat" in lines[i + 2]:
+                    if i + 2 < len(lines) and "not repeated:" in lines[i + 2]:
                         own = lines[i + 2].strip()
         check(join is not None, "the head prints a join line" + ("" if join else ":\n" + (tmp / "head.log").read_text()[-1500:]))
         if join is None:
