@@ -31,5 +31,6 @@ void add_status_command(CLI::App& app);
 void add_config_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+void add_advise_command(CLI::App& app);
 
 }  // namespace xloco::cli

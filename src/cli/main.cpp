@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   xloco::cli::add_config_command(app);
   xloco::cli::add_prepare_command(app);
   xloco::cli::add_export_command(app);
+  xloco::cli::add_advise_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -26,6 +26,7 @@
 #include "inner/trainer.h"
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
+#include "outer/advise.h"
 #include "outer/documents.h"
 #include "outer/global_model.h"
 #include "outer/membership.h"
@@ -1472,5 +1473,90 @@ TEST_SUITE("pace") {
     CHECK(common::config_hash(common::parse_config(j)) != before);
     j["outer"]["keep_local"] = 1;  // θ_pub would never come in
     CHECK_THROWS_WITH_AS(common::parse_config(j), doctest::Contains("outer.keep_local"), common::ConfigError);
+  }
+}
+
+TEST_SUITE("advise") {
+  using xloco::outer::AdviseInput;
+
+  TEST_CASE("the round model: compute + link, or the longer of the two with overlap") {
+    AdviseInput in;
+    in.params = 100e6;
+    in.step_s = {2.0};
+    in.link_mbit = {100, 10};
+    // int8 both ways: 200 MB a round; 16 s at 100 Mbit/s, 160 s at 10. H = 50: 100 s compute.
+    auto p = xloco::outer::predict(in, 50, "int8", "int8", false);
+    CHECK(p.bytes_up == doctest::Approx(100e6));
+    CHECK(p.bytes_down == doctest::Approx(100e6));
+    CHECK(p.round_s == doctest::Approx(260.0));
+    CHECK(p.utilization == doctest::Approx(100.0 / 260.0));
+    CHECK(p.slowest == 1);
+    p = xloco::outer::predict(in, 50, "int8", "int8", true);
+    CHECK(p.round_s == doctest::Approx(160.0));
+    // relay: K - 1 frames of 0.044 bytes a parameter down.
+    in.link_mbit = {100};
+    in.providers = 4;
+    p = xloco::outer::predict(in, 50, "topk", "relay", false);
+    CHECK(p.bytes_down == doctest::Approx(3 * 0.044 * 100e6));
+  }
+
+  TEST_CASE("advice: fast links keep int8 and a small H; a slow one gets overlap, then the sparse codec") {
+    AdviseInput in;
+    in.params = 101e6;
+    in.step_s = {2.4};
+    in.link_mbit = {1000};
+    in.providers = 4;
+    auto a = xloco::outer::advise(in);
+    CHECK(a.ok);
+    CHECK(a.codec_up == "int8");
+    CHECK(a.codec_down == "int8");
+    CHECK(!a.overlap);
+    CHECK(a.inner_steps == 25);  // 1.6 s of link beside 60 s of compute: 97.4 %
+    CHECK(a.utilization >= 0.95);
+    // The scale rehearsal's 10 Mbit/s provider: int8 needs 162 s a round.
+    in.link_mbit = {100, 100, 50, 10};
+    a = xloco::outer::advise(in);
+    CHECK(a.ok);
+    CHECK(a.overlap);
+    CHECK(a.codec_up == "int8");
+    CHECK(a.inner_steps == 100);
+    CHECK(a.delay_steps > 0);
+    CHECK(a.delay_steps == 81);  // 1.2 x 161.6 s of link / 2.4 s a step
+    CHECK(a.reason.find("provider-3's link needs 161.6 s") != std::string::npos);
+    CHECK(a.set_flags.find("outer.overlap=delayed") != std::string::npos);
+    // At H <= 50 only the sparse codec with overlap keeps up.
+    in.max_h = 50;
+    a = xloco::outer::advise(in);
+    CHECK(a.codec_up == "topk");
+    CHECK(a.codec_down == "relay");
+    CHECK(a.set_flags.find("outer.momentum=0") != std::string::npos);
+    // Nothing reaches 95 % at 1 Mbit/s and H <= 25: the closest, said so.
+    in.link_mbit = {1};
+    in.max_h = 25;
+    a = xloco::outer::advise(in);
+    CHECK(!a.ok);
+    CHECK(a.reason.rfind("no setting reaches the target", 0) == 0);
+  }
+
+  TEST_CASE("advice at K = 64: the relayed downlink (63 frames) is past an int8 update") {
+    AdviseInput in;
+    in.params = 101e6;
+    in.step_s = {2.4};
+    in.link_mbit = {20};
+    in.providers = 64;
+    in.max_h = 50;
+    const auto a = xloco::outer::advise(in);
+    CHECK(a.codec_down != "relay");
+    CHECK(a.reason.find("at K = 64 a relayed downlink") != std::string::npos);
+  }
+
+  TEST_CASE("advice refuses inputs it cannot use") {
+    AdviseInput in;
+    in.params = 1e6;
+    in.step_s = {1, 2};
+    in.link_mbit = {10, 10, 10};
+    CHECK_THROWS_AS(xloco::outer::advise(in), xloco::common::ConfigError);
+    in.link_mbit = {10, -1};
+    CHECK_THROWS_AS(xloco::outer::advise(in), xloco::common::ConfigError);
   }
 }
