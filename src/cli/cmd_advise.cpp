@@ -2,6 +2,8 @@
 // (H, codecs, overlap) that keeps every provider busy, from the pure rule in outer/advise.h,
 // with its predicted utilization, bytes and round time, and the --set flags that make it.
 #include <iostream>
+#include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -26,7 +28,25 @@ void add_advise_command(CLI::App& app) {
   cmd->add_option("--providers", in->providers, "K (default: the longer list)")->check(CLI::Range(1, 4096));
   cmd->add_option("--target", in->target, "utilization to reach (default 0.95)")->check(CLI::Range(0.1, 1.0));
   cmd->add_option("--max-h", in->max_h, "the largest H to advise (default 200)")->check(CLI::Range(1, 100000));
-  cmd->callback([in]() {
+  auto at_h = std::make_shared<int>(0);
+  cmd->add_option("--at-h", *at_h,
+                  "instead: the predicted utilization, round time and bytes of every setting at "
+                  "this H")
+      ->check(CLI::Range(1, 100000));
+  cmd->callback([in, at_h]() {
+    if (*at_h > 0) {
+      fmt::print("{:<34} {:>12} {:>10} {:>12} {:>12}\n", "setting at H = " + std::to_string(*at_h),
+                 "utilization", "round", "MB up", "MB down");
+      for (const auto& [up, down] : {std::pair{"int8", "int8"}, {"topk", "relay"}, {"topk", "int8"}}) {
+        for (const bool overlap : {false, true}) {
+          const auto p = outer::predict(*in, *at_h, up, down, overlap);
+          fmt::print("{:<34} {:>11.1f}% {:>9.1f}s {:>12.2f} {:>12.2f}\n",
+                     fmt::format("{}/{}{}", up, down, overlap ? ", overlap" : ""),
+                     100 * p.utilization, p.round_s, p.bytes_up / 1e6, p.bytes_down / 1e6);
+        }
+      }
+      return;
+    }
     const auto a = outer::advise(*in);
     fmt::print("{}\n\n  H = {}, codec {} up / {} down{}\n  predicted: utilization {:.1f} %, round "
                "{:.1f} s (set by {}), {:.2f} MB up and {:.2f} MB down per provider a round\n\n"

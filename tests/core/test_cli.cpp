@@ -102,6 +102,20 @@ TEST_SUITE("cli") {
     CHECK(line_of("outer.lr").find("inert") == std::string::npos);
   }
 
+  TEST_CASE("xloco advise prints the advice and its flags; --at-h every setting's prediction") {
+    auto r = run("advise --params 101e6 --step-s 2.4 --link-mbit 100,100,50,10");
+    CHECK(r.code == 0);
+    CHECK(r.out.find("provider-3's link needs 161.6 s") != std::string::npos);
+    CHECK(r.out.find("--set outer.inner_steps=100") != std::string::npos);
+    r = run("advise --params 842496 --step-s 0.365 --link-mbit 5 --providers 4 --at-h 50");
+    CHECK(r.code == 0);
+    CHECK(r.out.find("int8/int8 ") != std::string::npos);
+    CHECK(r.out.find("topk/relay, overlap") != std::string::npos);
+    r = run("advise --params 101e6 --step-s 2.4 --link-mbit 1 --providers 4 --max-h 25");
+    CHECK(r.code == 1);  // nothing reaches the target: the closest, and a failing exit
+    CHECK(r.out.find("no setting reaches the target") != std::string::npos);
+  }
+
   TEST_CASE("train --nproc 2, then --resume, eval and sample from the checkpoint") {
     if (!test::have_kjv()) {
       XLOCO_SKIP_CASE("/usr/bin/bible missing");
