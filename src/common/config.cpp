@@ -499,18 +499,26 @@ void apply_override(json& j, const std::string& assignment) {
   (*cur)[parts.back()] = value;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+namespace {
+
+// The config file as JSON (comments allowed); a syntax error names FILE:LINE:COLUMN.
+json read_config_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   XLOCO_ENFORCE(in.good(), ConfigError, "config: cannot open {}", path);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json j;
   try {
-    j = json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+    return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
     const auto [line, column] = line_and_column(text, e.byte);
     throw ConfigError(fmt::format("config: {}:{}:{}: not valid JSON: {}", path, line, column,
                                   json_error_text(e.what())));
   }
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  json j = read_config_file(path);
   for (const auto& o : overrides) apply_override(j, o);
   infer_dataset(j);
   try {
@@ -617,9 +625,7 @@ std::string config_hash(const Config& c) {
 std::vector<KeyExplained> explain_config(const std::string& path,
                                          const std::vector<std::string>& overrides,
                                          const Config& resolved) {
-  std::ifstream in(path, std::ios::binary);
-  XLOCO_ENFORCE(in.good(), ConfigError, "config: cannot open {}", path);
-  const json file = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  const json file = read_config_file(path);
   json set = json::object();
   for (const auto& o : overrides) apply_override(set, o);
   json merged = file.is_object() ? file : json::object();

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "common/text.h"
@@ -282,29 +283,6 @@ bool looks_like_text(const std::string& b) {
 
 namespace {
 
-// Blake2b-128 of a whole file, hex.
-std::string file_digest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XLOCO_ENFORCE(in.good(), IoError, "cannot open input {}", path);
-  crypto_generichash_state h;
-  crypto_generichash_init(&h, nullptr, 0, 16);
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(buf.data()),
-                              static_cast<unsigned long long>(in.gcount()));
-  }
-  unsigned char out[16];
-  crypto_generichash_final(&h, out, sizeof out);
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : out) {
-    s += hex[c >> 4];
-    s += hex[c & 15];
-  }
-  return s;
-}
-
 // Why `path` is not text to read, or "" when it is.
 std::string not_text_reason(const std::string& path) {
   constexpr size_t kSample = 64 << 10;
@@ -341,13 +319,21 @@ InputList list_inputs(const std::vector<std::string>& inputs) {
       candidates.push_back(in);
     }
   }
+  // Copies have the same size: only files that share theirs with another are hashed (the
+  // encoder reads every file once more; most would otherwise be read twice here).
+  std::map<uintmax_t, int> sizes;
+  for (const auto& f : candidates) ++sizes[fs::file_size(f)];
   std::map<std::string, std::string> seen;  // digest -> the first file with those bytes
   for (const auto& f : candidates) {
     if (const auto why = not_text_reason(f); !why.empty()) {
       out.skipped.emplace_back(f, why);
       continue;
     }
-    const auto [first, fresh] = seen.emplace(file_digest(f), f);
+    if (sizes[fs::file_size(f)] < 2) {
+      out.files.push_back(f);
+      continue;
+    }
+    const auto [first, fresh] = seen.emplace(common::file_digest(f).second, f);
     if (!fresh) {
       out.skipped.emplace_back(f, "the same bytes as " + first->second);
       continue;

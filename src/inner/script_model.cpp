@@ -173,7 +173,6 @@ class ScriptNet : public Net {
     const bool was_training = module_.is_training();
     module_.eval();
     const int64_t T = std::max<int64_t>(1, std::min<int64_t>(config.model.seq_len, 8));
-    const auto top = torch::full({2, T}, need - 1, torch::kLong);
     if (has_logits_) {
       torch::Tensor out;
       try {
@@ -183,18 +182,17 @@ class ScriptNet : public Net {
                                       path_, T, script_first_line(e.what_without_backtrace())));
       }
       vocab_ = out.dim() > 0 ? out.size(-1) : 0;
-    } else {
+    } else {  // vocab_ stays -1: no size declared, only whether the data's largest id fits
+      const auto top = torch::full({2, T}, need - 1, torch::kLong);
       try {
         module_.forward(takes_targets_ ? std::vector<c10::IValue>{top, top}
                                        : std::vector<c10::IValue>{top});
-        vocab_ = -1;  // takes the data's largest id; its size is its own business
-      } catch (const c10::Error& e) {
+      } catch (const c10::Error& e) {  // another failure: training reports it with its shapes
         const std::string why = e.what_without_backtrace();
         XLOCO_ENFORCE(why.find("out of range") == std::string::npos, ConfigError,
                       "{}: forward fails on token id {}, the data's largest (its vocabulary is "
                       "{}): the module's vocabulary is smaller than the data's ({})",
                       path_, need - 1, need, script_first_line(why));
-        vocab_ = -1;  // another failure: training reports it with the batch's shapes
       }
     }
     module_.train(was_training);

@@ -19,6 +19,11 @@ double at(const std::vector<double>& v, int i) {
   return v.size() == 1 ? v[0] : v[static_cast<size_t>(i)];
 }
 
+// Seconds provider i's link takes for a round's bytes, up then down.
+double link_s(const AdviseInput& in, int i, double bytes_up, double bytes_down) {
+  return 8 * (bytes_up + bytes_down) / (at(in.link_mbit, i) * 1e6);
+}
+
 int providers_of(const AdviseInput& in) {
   const int listed = static_cast<int>(std::max(in.step_s.size(), in.link_mbit.size()));
   return in.providers > 0 ? in.providers : listed;
@@ -54,7 +59,7 @@ Prediction predict(const AdviseInput& in, int inner_steps, const std::string& co
   double compute = 0, longest = -1;
   for (int i = 0; i < k; ++i) {
     const double c = inner_steps * at(in.step_s, i);
-    const double l = 8 * (p.bytes_up + p.bytes_down) / (at(in.link_mbit, i) * 1e6);
+    const double l = link_s(in, i, p.bytes_up, p.bytes_down);
     const double round = overlap ? std::max(c, l) : c + l;
     compute = std::max(compute, c);
     if (round > longest) {
@@ -100,8 +105,8 @@ Advice advise(const AdviseInput& in) {
     if (o.overlap) {  // the fold waits for the update at delay_steps: the slowest link's steps
       double steps = 0;
       for (int i = 0; i < k; ++i) {
-        const double l = 8 * (p.bytes_up + p.bytes_down) / (at(in.link_mbit, i) * 1e6);
-        steps = std::max(steps, std::ceil(1.2 * l / at(in.step_s, i)));
+        steps = std::max(steps, std::ceil(1.2 * link_s(in, i, p.bytes_up, p.bytes_down) /
+                                          at(in.step_s, i)));
       }
       a.delay_steps = static_cast<int>(std::clamp(steps, 1.0, static_cast<double>(h)));
     }
@@ -125,15 +130,15 @@ Advice advise(const AdviseInput& in) {
   };
   Advice best = choose();
   {
-    const auto ref = predict(in, std::min(50, in.max_h), "int8", "int8", false);
-    const double link_ref = ref.round_s - std::min(50, in.max_h) * at(in.step_s, ref.slowest);
+    const int h_ref = std::min(50, in.max_h);
+    const auto ref = predict(in, h_ref, "int8", "int8", false);
     best.reason = fmt::format(
         "{}: with int8 both ways and H = {} provider-{}'s link needs {:.1f} s a round beside "
         "{:.1f} s of compute (utilization {:.0f} %); {} {}/{}{} at H = {}: {:.1f} MB up and "
         "{:.1f} MB down a round per provider, utilization {:.0f} %{}",
         best.ok ? "advice" : "no setting reaches the target",
-        std::min(50, in.max_h), ref.slowest, link_ref,
-        std::min(50, in.max_h) * at(in.step_s, ref.slowest), 100 * ref.utilization,
+        h_ref, ref.slowest, link_s(in, ref.slowest, ref.bytes_up, ref.bytes_down),
+        h_ref * at(in.step_s, ref.slowest), 100 * ref.utilization,
         best.ok ? "use" : "the closest is", best.codec_up, best.codec_down,
         best.overlap ? " with overlapped rounds" : "", best.inner_steps, best.bytes_up / 1e6,
         best.bytes_down / 1e6, 100 * best.utilization,

@@ -198,7 +198,6 @@ std::vector<Aggregator::Rejected> Aggregator::drain(bool final_pass) {
     Entry& e = order_[i];
     if (e.slot != Slot::kHeld) continue;
     e.verdict = judge_norm(*e.norm, reference(), quorum_base(), norm_bound_, true, norm_clip_);
-    e.judged = true;
     if (!scorer_ || e.verdict.action != NormAction::kAccept) continue;
     try {
       e.score = scorer_(e.peer, e.frame, static_cast<float>(e.verdict.clip));

@@ -175,11 +175,9 @@ class Aggregator {
     std::optional<double> norm;  // once it has arrived
     bool optional = false;       // a straggler the round does not wait for
     bool faulted = false;        // its frame failed a check: not in the quorum
-    float clip = 1;              // with a scorer: its norm verdict's clip factor, and
-    std::optional<Score> score;  // its score, or
+    NormVerdict verdict;         // once its round's norms are judged (drain)
+    std::optional<Score> score;  // with a scorer: its score, or
     std::optional<std::string> score_error;  // why its frame could not be scored (bad_frame)
-    bool judged = false;         // the norm verdict is in `verdict`
-    NormVerdict verdict;
   };
   std::vector<Rejected> drain(bool final_pass);
   std::vector<Rejected> add_now(Entry& e, float clip);

@@ -86,10 +86,11 @@ void Link::loop() {
       wrong_run_ = 0;
       inbox_.push_back(std::move(env));
       cv_.notify_one();
-    } catch (const net::ProtocolError& e) {  // dropped, not the link; another run's: counted
+    } catch (const std::exception& e) {  // any decode failure: the message is dropped, not the link
       spdlog::warn("ignored a bad message from the head: {}", common::printable(e.what(), 512));
-      if (e.kind() != net::ProtocolErrorKind::kWrongRun) continue;
-      std::lock_guard<std::mutex> lock(mu_);
+      const auto* pe = dynamic_cast<const net::ProtocolError*>(&e);
+      if (pe == nullptr || pe->kind() != net::ProtocolErrorKind::kWrongRun) continue;
+      std::lock_guard<std::mutex> lock(mu_);  // another run's: 3 in a row end the join
       if (++wrong_run_ >= 3 && !fatal_) {
         fatal_ = fmt::format(
             "the head at {} belongs to another run ({}): start this provider with the head's "
@@ -97,8 +98,6 @@ void Link::loop() {
             net_->endpoint(), common::printable(e.what(), 256));
         cv_.notify_one();
       }
-    } catch (const std::exception& e) {  // any other decode failure: the message is dropped
-      spdlog::warn("ignored a bad message from the head: {}", common::printable(e.what(), 512));
     }
   }
 }
