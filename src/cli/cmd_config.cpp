@@ -21,8 +21,9 @@ void add_config_command(CLI::App& app) {
   cmd->add_option("--config", a->config, "JSON run config")->required()->check(CLI::ExistingFile);
   cmd->add_option("--set", a->overrides, "override a config value, e.g. --set outer.inner_steps=25");
   cmd->add_flag("--explain", a->explain,
-                "one line per key: its value, where it came from (default, preset, file, --set) "
-                "and whether it does anything with this config");
+                "one line per key: its value, where it came from (default, recipe, preset, file, "
+                "--set), who must agree on it (agreed: head and providers, in the config hash; "
+                "own: each machine's; head: the head's alone) and whether it does anything here");
   cmd->callback([a]() {
     const auto cfg = inner::load_run_config(a->config, a->overrides);
     if (!a->explain) {
@@ -35,6 +36,7 @@ void add_config_command(CLI::App& app) {
     for (const auto& k : keys) {
       const std::string kv = k.key + " = " + k.value;
       std::cout << kv << std::string(width + 2 - kv.size(), ' ') << k.source
+                << std::string(9 - std::min<size_t>(8, k.source.size()), ' ') << k.scope
                 << (k.inert.empty() ? "" : "  (" + k.inert + ")") << "\n";
     }
   });

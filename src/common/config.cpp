@@ -44,90 +44,183 @@ const char* name_of(E e) {
   return kNames<E>.at(static_cast<size_t>(e));
 }
 
-// Every config field, once: name, reference, allowed values. parse/dump/unknown-key checks all
-// walk this table, so a new field is one line here plus one in config.h.
+// When a key does something, decided by another key (issue 53): set away from its default where
+// its rule does not hold, it is refused naming the key that governs it.
+struct When {
+  const char* governing;  // the key that decides whether a key applies
+  const char* text;       // when it applies, in words
+  bool (*holds)(const Config&);
+};
+bool any_topk(const Config& c) {
+  return c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk;
+}
+constexpr When kDelayed{"outer.overlap", "outer.overlap = \"delayed\"",
+                        [](const Config& c) { return c.outer.overlap != Overlap::kNone; }};
+constexpr When kTopkCodec{"outer.codec_up", "a topk codec (outer.codec_up or outer.codec_down = \"topk\")",
+                          any_topk};
+constexpr When kTopkDown{"outer.codec_down", "outer.codec_down = \"topk\"",
+                         [](const Config& c) { return c.outer.codec_down == CodecKind::kTopk; }};
+constexpr When kClipped{"outer.relay_mean", "outer.relay_mean = \"clipped\"",
+                        [](const Config& c) { return c.outer.relay_mean == RelayMean::kClipped; }};
+constexpr When kBudget{"outer.round_budget_s", "a time budget (outer.round_budget_s > 0)",
+                       [](const Config& c) { return c.outer.round_budget_s > 0; }};
+constexpr When kDirichlet{"data.sharding", "data.sharding = \"dirichlet\"",
+                          [](const Config& c) { return c.data.sharding == Sharding::kDirichlet; }};
+
+// Who must agree on a key. agreed: the head and every provider (it is in config_hash); own: each
+// machine's own (paths, threads, how a provider overlaps its rounds); head: the head's alone
+// (its deadlines and trust rules), not hashed either.
+enum class Scope { kAgreed, kOwn, kHead };
+constexpr const char* kScopeNames[] = {"agreed", "own", "head"};
+// How an agreed key enters config_hash. kAlways: as it is. kUnlessDefault: only where it is set
+// away from its default (`off` says what counts as its default when that is a range), so that
+// runs from before the key existed hash as they did: every key added from now on is one of
+// these. kWhenApplies: only where its `when` holds.
+enum class Hash { kAlways, kUnlessDefault, kWhenApplies };
+
+struct Key {
+  const char* name;
+  Scope scope = Scope::kAgreed;
+  Hash hash = Hash::kAlways;
+  const When* when = nullptr;
+  bool (*off)(const Config&) = nullptr;
+};
+constexpr Key agreed(const char* n, const When* w = nullptr) { return {n, Scope::kAgreed, Hash::kAlways, w}; }
+// Added after checkpoints existed: hashed only away from its default.
+constexpr Key later(const char* n, const When* w = nullptr, bool (*off)(const Config&) = nullptr) {
+  return {n, Scope::kAgreed, Hash::kUnlessDefault, w, off};
+}
+constexpr Key own(const char* n, const When* w = nullptr) { return {n, Scope::kOwn, Hash::kAlways, w}; }
+constexpr Key head(const char* n, const When* w = nullptr) { return {n, Scope::kHead, Hash::kAlways, w}; }
+
+// Every config field, once: its row (scope, when it applies, how it is hashed), its place in
+// Config and its allowed values. parse, dump, the unknown- and inert-key checks, config_hash and
+// `config --explain` all walk this table, so a new field is one line here plus one in config.h
+// (a new agreed key: `later`, so that existing checkpoints keep resuming).
 template <class Visitor>
 void visit_fields(Config& c, Visitor&& v) {
-  v("run.name", c.run.name, Choices{});
-  v("run.dir", c.run.dir, Choices{});
-  v("run.seed", c.run.seed, Range{0, 9.0e15});
-  v("run.device", c.run.device, Choices{});
-  v("run.threads", c.run.threads, Range{0, 1024});
-  v("run.blas_threads", c.run.blas_threads, Range{0, 1024});
-  v("run.kernels", c.run.kernels, Named{});
-  v("data.dataset", c.data.dataset, Named{});
-  v("data.sharding", c.data.sharding, Named{});
-  v("data.dirichlet_alpha", c.data.dirichlet_alpha, Range{1e-3, 1e6});
-  v("data.path", c.data.path, Choices{});
-  v("data.cache_dir", c.data.cache_dir, Choices{});
-  v("model.kind", c.model.kind, Named{});
-  v("model.path", c.model.path, Choices{});
-  v("model.preset", c.model.preset, Choices{"", "tiny", "gpt2-small", "gpt2-medium"});
-  v("model.vocab_size", c.model.vocab_size, Range{0, 1 << 24});
-  v("model.d_model", c.model.d_model, Range{8, 65536});
-  v("model.n_layer", c.model.n_layer, Range{1, 1024});
-  v("model.n_head", c.model.n_head, Range{1, 1024});
-  v("model.seq_len", c.model.seq_len, Range{2, 1 << 20});
-  v("inner.lr", c.inner.lr, Range{0, 10});
-  v("inner.min_lr", c.inner.min_lr, Range{0, 10});
-  v("inner.warmup_steps", c.inner.warmup_steps, Range{0, 1e9});
-  v("inner.steps", c.inner.steps, Range{1, 1e9});
-  v("inner.batch_size", c.inner.batch_size, Range{1, 1 << 20});
-  v("inner.weight_decay", c.inner.weight_decay, Range{0, 10});
-  v("inner.beta1", c.inner.beta1, Range{0, 0.999999});
-  v("inner.beta2", c.inner.beta2, Range{0, 0.999999});
-  v("inner.eps", c.inner.eps, Range{1e-12, 1});
-  v("inner.grad_clip", c.inner.grad_clip, Range{0, 1e6});
-  v("inner.eval_every", c.inner.eval_every, Range{0, 1e9});
-  v("inner.eval_batches", c.inner.eval_batches, Range{1, 1e6});
-  v("inner.log_every", c.inner.log_every, Range{1, 1e9});
-  v("inner.checkpoint_every", c.inner.checkpoint_every, Range{0, 1e9});
-  v("inner.bucket_kb", c.inner.bucket_kb, Range{4, 1 << 22});
-  v("outer.inner_steps", c.outer.inner_steps, Range{1, 1e9});
-  v("outer.lr", c.outer.lr, Range{0, 100});
-  v("outer.lr_end", c.outer.lr_end, Range{-1, 100});
-  v("outer.momentum", c.outer.momentum, Range{0, 0.999999});
-  v("outer.nesterov", c.outer.nesterov, Flag{});
-  v("outer.codec_up", c.outer.codec_up, Named{});
-  v("outer.codec_down", c.outer.codec_down, Named{});
-  v("outer.relay_mean", c.outer.relay_mean, Named{});
-  v("outer.relay_clip", c.outer.relay_clip, Range{0, 1e6});
-  v("outer.block_size", c.outer.block_size, Range{2, 1 << 20});
-  v("outer.topk", c.outer.topk, Range{0, 1 << 16});
-  v("outer.topk_down", c.outer.topk_down, Range{0, 1 << 16});
-  v("outer.topk_bits", c.outer.topk_bits, Range{2, 4});
-  v("outer.topk_bits_down", c.outer.topk_bits_down, Range{0, 4});
-  v("outer.ef_decay", c.outer.ef_decay, Range{0, 1});
-  v("outer.zstd_level", c.outer.zstd_level, Range{0, 19});
-  v("outer.providers", c.outer.providers, Range{1, 4096});
-  v("outer.min_providers", c.outer.min_providers, Range{1, 4096});
-  v("outer.checkpoint_every", c.outer.checkpoint_every, Range{0, 1e9});
-  v("outer.keep_checkpoints", c.outer.keep_checkpoints, Range{1, 1e6});
-  v("outer.eval_every", c.outer.eval_every, Range{0, 1e9});
-  v("outer.round_timeout_s", c.outer.round_timeout_s, Range{1, 1e7});
-  v("outer.deadline_multiple", c.outer.deadline_multiple, Range{1, 1000});
-  v("outer.deadline_min_s", c.outer.deadline_min_s, Range{0.1, 1e7});
-  v("outer.start_grace_s", c.outer.start_grace_s, Range{0, 1e7});
-  v("outer.heartbeat_s", c.outer.heartbeat_s, Range{0.05, 3600});
-  v("outer.dead_after_s", c.outer.dead_after_s, Range{0.2, 1e7});
-  v("outer.hello_interval_s", c.outer.hello_interval_s, Range{0, 1e6});
-  v("outer.norm_bound", c.outer.norm_bound, Range{0, 1e12});
-  v("outer.norm_clip", c.outer.norm_clip, Flag{});
-  v("outer.trust_region", c.outer.trust_region, Range{0, 1e6});
-  v("outer.score", c.outer.score, Flag{});
-  v("outer.score_batches", c.outer.score_batches, Range{1, 1e6});
-  v("outer.score_margin", c.outer.score_margin, Range{-1e6, 1e6});
-  v("outer.score_relative", c.outer.score_relative, Range{0, 1});
-  v("outer.head_timeout_s", c.outer.head_timeout_s, Range{1, 1e7});
-  v("outer.shared_data", c.outer.shared_data, Flag{});
-  v("outer.overlap", c.outer.overlap, Named{});
-  v("outer.delay_steps", c.outer.delay_steps, Range{0, 1e9});
-  v("outer.fold", c.outer.fold, Named{});
-  v("outer.keep_local", c.outer.keep_local, Range{0, 0.99});
-  v("outer.fragments", c.outer.fragments, Range{1, 1e6});
-  v("outer.round_budget_s", c.outer.round_budget_s, Range{0, 1e7});
-  v("outer.min_inner_steps", c.outer.min_inner_steps, Range{1, 1e9});
+  v(own("run.name"), c.run.name, Choices{});  // checked in every message by name, not hashed
+  v(own("run.dir"), c.run.dir, Choices{});
+  v(agreed("run.seed"), c.run.seed, Range{0, 9.0e15});  // hashed as "seed"
+  v(own("run.device"), c.run.device, Choices{});
+  v(own("run.threads"), c.run.threads, Range{0, 1024});
+  v(own("run.blas_threads"), c.run.blas_threads, Range{0, 1024});
+  v(own("run.kernels"), c.run.kernels, Named{});
+  v(agreed("data.dataset"), c.data.dataset, Named{});
+  v(agreed("data.sharding"), c.data.sharding, Named{});
+  v(agreed("data.dirichlet_alpha", &kDirichlet), c.data.dirichlet_alpha, Range{1e-3, 1e6});
+  v(own("data.path"), c.data.path, Choices{});
+  v(own("data.cache_dir"), c.data.cache_dir, Choices{});
+  v(agreed("model.kind"), c.model.kind, Named{});
+  v(own("model.path"), c.model.path, Choices{});  // where it lies; its bytes are hashed
+  v(own("model.preset"), c.model.preset, Choices{"", "tiny", "gpt2-small", "gpt2-medium"});
+  // A byte-level run hashes as it did before model.vocab_size existed.
+  v(later("model.vocab_size", nullptr,
+          [](const Config& c) {
+            return c.model.vocab_size == 0 ||
+                   (c.data.dataset == DatasetKind::kKjv && c.model.vocab_size == 256);
+          }),
+    c.model.vocab_size, Range{0, 1 << 24});
+  v(agreed("model.d_model"), c.model.d_model, Range{8, 65536});
+  v(agreed("model.n_layer"), c.model.n_layer, Range{1, 1024});
+  v(agreed("model.n_head"), c.model.n_head, Range{1, 1024});
+  v(agreed("model.seq_len"), c.model.seq_len, Range{2, 1 << 20});
+  v(agreed("inner.lr"), c.inner.lr, Range{0, 10});
+  v(agreed("inner.min_lr"), c.inner.min_lr, Range{0, 10});
+  v(agreed("inner.warmup_steps"), c.inner.warmup_steps, Range{0, 1e9});
+  v(agreed("inner.steps"), c.inner.steps, Range{1, 1e9});
+  v(agreed("inner.batch_size"), c.inner.batch_size, Range{1, 1 << 20});
+  v(agreed("inner.weight_decay"), c.inner.weight_decay, Range{0, 10});
+  v(agreed("inner.beta1"), c.inner.beta1, Range{0, 0.999999});
+  v(agreed("inner.beta2"), c.inner.beta2, Range{0, 0.999999});
+  v(agreed("inner.eps"), c.inner.eps, Range{1e-12, 1});
+  v(agreed("inner.grad_clip"), c.inner.grad_clip, Range{0, 1e6});
+  v(agreed("inner.eval_every"), c.inner.eval_every, Range{0, 1e9});
+  v(agreed("inner.eval_batches"), c.inner.eval_batches, Range{1, 1e6});
+  v(own("inner.log_every"), c.inner.log_every, Range{1, 1e9});
+  v(own("inner.checkpoint_every"), c.inner.checkpoint_every, Range{0, 1e9});
+  v(own("inner.bucket_kb"), c.inner.bucket_kb, Range{4, 1 << 22});
+  v(own("outer.recipe"), c.outer.recipe, Choices{"", "lan", "wan", "wan-sparse", "unequal"});  // the keys it sets are hashed themselves
+  v(agreed("outer.inner_steps"), c.outer.inner_steps, Range{1, 1e9});
+  v(agreed("outer.lr"), c.outer.lr, Range{0, 100});
+  v(later("outer.lr_end", nullptr, [](const Config& c) { return c.outer.lr_end < 0; }),
+    c.outer.lr_end, Range{-1, 100});
+  v(agreed("outer.momentum"), c.outer.momentum, Range{0, 0.999999});
+  v(agreed("outer.nesterov"), c.outer.nesterov, Flag{});
+  v(agreed("outer.codec_up"), c.outer.codec_up, Named{});
+  v(agreed("outer.codec_down"), c.outer.codec_down, Named{});
+  v(later("outer.relay_mean"), c.outer.relay_mean, Named{});
+  v(Key{"outer.relay_clip", Scope::kAgreed, Hash::kWhenApplies, &kClipped}, c.outer.relay_clip,
+    Range{0, 1e6});
+  v(agreed("outer.block_size"), c.outer.block_size, Range{2, 1 << 20});
+  v(agreed("outer.topk", &kTopkCodec), c.outer.topk, Range{0, 1 << 16});
+  v(later("outer.topk_down", &kTopkDown), c.outer.topk_down, Range{0, 1 << 16});
+  v(later("outer.topk_bits", &kTopkCodec), c.outer.topk_bits, Range{2, 4});
+  v(later("outer.topk_bits_down", &kTopkDown), c.outer.topk_bits_down, Range{0, 4});
+  // compared as the encoder's float, so a β that rounds to 1 hashes as 1
+  v(later("outer.ef_decay", nullptr,
+          [](const Config& c) { return static_cast<float>(c.outer.ef_decay) == 1.0f; }),
+    c.outer.ef_decay, Range{0, 1});
+  v(agreed("outer.zstd_level"), c.outer.zstd_level, Range{0, 19});
+  v(head("outer.providers"), c.outer.providers, Range{1, 4096});
+  v(head("outer.min_providers"), c.outer.min_providers, Range{1, 4096});
+  v(head("outer.checkpoint_every"), c.outer.checkpoint_every, Range{0, 1e9});
+  v(head("outer.keep_checkpoints"), c.outer.keep_checkpoints, Range{1, 1e6});
+  v(agreed("outer.eval_every"), c.outer.eval_every, Range{0, 1e9});
+  v(head("outer.round_timeout_s"), c.outer.round_timeout_s, Range{1, 1e7});
+  v(head("outer.deadline_multiple"), c.outer.deadline_multiple, Range{1, 1000});
+  v(head("outer.deadline_min_s"), c.outer.deadline_min_s, Range{0.1, 1e7});
+  v(head("outer.start_grace_s"), c.outer.start_grace_s, Range{0, 1e7});
+  v(own("outer.heartbeat_s"), c.outer.heartbeat_s, Range{0.05, 3600});
+  v(head("outer.dead_after_s"), c.outer.dead_after_s, Range{0.2, 1e7});
+  v(head("outer.hello_interval_s"), c.outer.hello_interval_s, Range{0, 1e6});
+  v(head("outer.norm_bound"), c.outer.norm_bound, Range{0, 1e12});
+  v(head("outer.norm_clip"), c.outer.norm_clip, Flag{});
+  v(agreed("outer.trust_region"), c.outer.trust_region, Range{0, 1e6});
+  v(head("outer.score"), c.outer.score, Flag{});
+  v(head("outer.score_batches"), c.outer.score_batches, Range{1, 1e6});
+  v(head("outer.score_margin"), c.outer.score_margin, Range{-1e6, 1e6});
+  v(head("outer.score_relative"), c.outer.score_relative, Range{0, 1});
+  v(own("outer.head_timeout_s"), c.outer.head_timeout_s, Range{1, 1e7});
+  v(agreed("outer.shared_data"), c.outer.shared_data, Flag{});
+  v(own("outer.overlap"), c.outer.overlap, Named{});  // the head's rules are the same either way
+  v(own("outer.delay_steps", &kDelayed), c.outer.delay_steps, Range{0, 1e9});
+  v(own("outer.fold", &kDelayed), c.outer.fold, Named{});
+  v(later("outer.keep_local"), c.outer.keep_local, Range{0, 0.99});
+  v(later("outer.fragments"), c.outer.fragments, Range{1, 1e6});
+  v(later("outer.round_budget_s"), c.outer.round_budget_s, Range{0, 1e7});
+  v(Key{"outer.min_inner_steps", Scope::kAgreed, Hash::kWhenApplies, &kBudget},
+    c.outer.min_inner_steps, Range{1, 1e9});
 }
+
+// The recipes (README "Recipes"; measured in experiments/plans/recipes.json). Each sets only
+// outer keys; the model, data and H (outer.inner_steps: `xloco advise` picks it from your
+// links) stay yours.
+const std::vector<RecipeInfo> kRecipes = {
+    {"lan",
+     "every link 1 Gbit/s or more (one datacentre, a LAN): DiLoCo as published, int8 both ways, "
+     "nothing overlapped",
+     {"outer.codec_up=int8", "outer.codec_down=int8", "outer.block_size=256", "outer.lr=0.7",
+      "outer.momentum=0.9", "outer.nesterov=true", "outer.overlap=none"}},
+    {"wan",
+     "links of 5-100 Mbit/s, providers of about equal speed: int8, each round's update folded in "
+     "when it arrives while the next round trains",
+     {"outer.codec_up=int8", "outer.codec_down=int8", "outer.block_size=256", "outer.lr=0.7",
+      "outer.momentum=0.8", "outer.nesterov=true", "outer.overlap=delayed",
+      "outer.fold=arrival", "outer.keep_local=0.5"}},
+    {"wan-sparse",
+     "links too slow for int8 at your H (`xloco advise` says so): 2-bit top-k up, the accepted "
+     "frames relayed down exactly, outer SGD",
+     {"outer.codec_up=topk", "outer.codec_down=relay", "outer.block_size=4096", "outer.topk=176",
+      "outer.momentum=0", "outer.nesterov=true", "outer.lr=2.5", "outer.lr_end=1.25",
+      "outer.ef_decay=0.6", "outer.relay_mean=clipped", "outer.overlap=none"}},
+    {"unequal",
+     "providers of unequal speed: time-budgeted rounds (set outer.round_budget_s a little below "
+     "your fast providers' time for H steps), int8, overlapped",
+     {"outer.codec_up=int8", "outer.codec_down=int8", "outer.block_size=256", "outer.lr=0.7",
+      "outer.momentum=0.8", "outer.nesterov=true", "outer.overlap=delayed",
+      "outer.fold=arrival", "outer.keep_local=0.5"}},
+};
 
 const json* find_dotted(const json& j, const std::string& dotted) {
   const json* cur = &j;
@@ -308,6 +401,20 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.min_inner_steps <= c.outer.inner_steps, ConfigError,
                 "config: outer.min_inner_steps = {} exceeds outer.inner_steps = {} (the most steps "
                 "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);
+  // Features meant to go together that were never measured together are refused until they
+  // are (experiments/RESULTS.md, "Recipes": the sparse relay with overlap was measured).
+  XLOCO_ENFORCE(c.outer.fragments == 1 || c.outer.codec_down != CodecKind::kRelay, ConfigError,
+                "config: outer.fragments = {} with outer.codec_down = \"relay\" has not been "
+                "measured together; use one of them (recipe \"wan-sparse\" is relay with "
+                "fragments 1)", c.outer.fragments);
+  XLOCO_ENFORCE(c.outer.round_budget_s == 0 || !any_topk(c), ConfigError,
+                "config: outer.round_budget_s = {:g} with a topk codec has not been measured "
+                "together; use time budgets with int8 (recipe \"unequal\") or topk with fixed H "
+                "(recipe \"wan-sparse\")", c.outer.round_budget_s);
+  XLOCO_ENFORCE(c.outer.recipe != "unequal" || c.outer.round_budget_s > 0, ConfigError,
+                "config: outer.recipe = \"unequal\" needs outer.round_budget_s: a little below the "
+                "seconds your fast providers take for outer.inner_steps = {} steps (their step "
+                "time is in `xloco status`; `xloco advise` helps)", c.outer.inner_steps);
   XLOCO_ENFORCE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos, ConfigError,
                 "config: run.name \"{}\" must be a non-empty name without '/'", c.run.name);
 }
@@ -343,53 +450,40 @@ std::string nearest_key(const std::string& key, const std::set<std::string>& kno
   return best;
 }
 
-// Keys that do something only when another key has a certain value (issue 53): set to anything
-// but their default where they do nothing, they are refused naming the key that governs them.
-struct InertRule {
-  const char* key;
-  const char* governing;  // the key that decides whether `key` applies
-  const char* applies;    // when it applies, in words
-  bool (*applies_to)(const Config&);
-};
-
-constexpr InertRule kInertRules[] = {
-    {"outer.delay_steps", "outer.overlap", "outer.overlap = \"delayed\"",
-     [](const Config& c) { return c.outer.overlap != Overlap::kNone; }},
-    {"outer.fold", "outer.overlap", "outer.overlap = \"delayed\"",
-     [](const Config& c) { return c.outer.overlap != Overlap::kNone; }},
-    {"outer.topk", "outer.codec_up", "a topk codec (outer.codec_up or outer.codec_down = \"topk\")",
-     [](const Config& c) { return c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk; }},
-    {"outer.topk_bits", "outer.codec_up", "a topk codec (outer.codec_up or outer.codec_down = \"topk\")",
-     [](const Config& c) { return c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk; }},
-    {"outer.topk_down", "outer.codec_down", "outer.codec_down = \"topk\"",
-     [](const Config& c) { return c.outer.codec_down == CodecKind::kTopk; }},
-    {"outer.topk_bits_down", "outer.codec_down", "outer.codec_down = \"topk\"",
-     [](const Config& c) { return c.outer.codec_down == CodecKind::kTopk; }},
-    {"outer.relay_clip", "outer.relay_mean", "outer.relay_mean = \"clipped\"",
-     [](const Config& c) { return c.outer.relay_mean == RelayMean::kClipped; }},
-    {"outer.min_inner_steps", "outer.round_budget_s", "a time budget (outer.round_budget_s > 0)",
-     [](const Config& c) { return c.outer.round_budget_s > 0; }},
-    {"data.dirichlet_alpha", "data.sharding", "data.sharding = \"dirichlet\"",
-     [](const Config& c) { return c.data.sharding == Sharding::kDirichlet; }},
-};
-
 // Refuses a key the user set (present in `user`, the file with its --set overrides) to a value
-// other than its default where its rule says it does nothing.
+// other than its default where its row's `when` does not hold. A key a recipe set is not the
+// user's: it is left alone.
 void refuse_inert(const json& user, const Config& c) {
   const json resolved = to_json(c);
   const json defaults = to_json(Config{});
-  for (const auto& rule : kInertRules) {
-    if (find_dotted(user, rule.key) == nullptr || rule.applies_to(c)) continue;
-    const json* value = find_dotted(resolved, rule.key);
-    const json* fallback = find_dotted(defaults, rule.key);
-    if (value == nullptr || fallback == nullptr || *value == *fallback) continue;
-    const json* governing = find_dotted(resolved, rule.governing);
+  Config probe = c;
+  visit_fields(probe, [&](const Key& k, auto&, const auto&) {
+    if (k.when == nullptr || find_dotted(user, k.name) == nullptr || k.when->holds(c)) return;
+    const json* value = find_dotted(resolved, k.name);
+    const json* fallback = find_dotted(defaults, k.name);
+    if (value == nullptr || fallback == nullptr || *value == *fallback) return;
+    const json* governing = find_dotted(resolved, k.when->governing);
     throw ConfigError(fmt::format(
         "config: {} = {} does nothing here: it applies only with {}, and {} is {}; remove it or "
         "set {}",
-        rule.key, json_dump(*value), rule.applies, rule.governing,
-        governing != nullptr ? json_dump(*governing) : std::string("unset"), rule.governing));
+        k.name, json_dump(*value), k.when->text, k.when->governing,
+        governing != nullptr ? json_dump(*governing) : std::string("unset"), k.when->governing));
+  });
+}
+
+// The user's document over the recipe it names: the recipe's keys first, every key the user
+// gave (beside it, in the file or by --set) wins.
+json with_recipe(const json& j) {
+  const json* name = find_dotted(j, "outer.recipe");
+  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) return j;
+  for (const auto& r : kRecipes) {
+    if (r.name != name->get<std::string>()) continue;
+    json merged = json::object();
+    for (const auto& set : r.sets) apply_override(merged, set);
+    merged.merge_patch(j);
+    return merged;
   }
+  return j;  // an unknown name: parse refuses it with the recipes' names
 }
 
 // data.path names a folder of token files (meta.json, or a *train*.bin) while data.dataset is
@@ -416,17 +510,18 @@ void infer_dataset(json& j) {
 
 }  // namespace
 
-Config parse_config(const json& j) {
-  XLOCO_ENFORCE(j.is_object(), ConfigError, "config: top level must be a JSON object");
+Config parse_config(const json& user) {
+  XLOCO_ENFORCE(user.is_object(), ConfigError, "config: top level must be a JSON object");
+  const json j = with_recipe(user);
   Config c;
   // A preset sets its model fields first; fields given next to it are parsed after and win.
   if (const json* p = find_dotted(j, "model.preset"); p != nullptr && p->is_string()) {
     apply_model_preset(p->get<std::string>(), c.model);
   }
   std::set<std::string> known;
-  visit_fields(c, [&](const std::string& key, auto& field, const auto& allowed) {
-    known.insert(key);
-    if (const json* v = find_dotted(j, key)) set_field(key, *v, field, allowed);
+  visit_fields(c, [&](const Key& k, auto& field, const auto& allowed) {
+    known.insert(k.name);
+    if (const json* v = find_dotted(j, k.name)) set_field(k.name, *v, field, allowed);
   });
   std::vector<std::string> leaves;
   collect_leaves(j, "", leaves);
@@ -444,7 +539,26 @@ Config parse_config(const json& j) {
                                       ? std::string("; sections: run, data, model, inner, outer")
                                       : fmt::format("; known keys: {}", fmt::join(siblings, ", "))));
   }
-  validate(c);
+  try {
+    validate(c);
+  } catch (const ConfigError& e) {
+    if (c.outer.recipe.empty()) throw;
+    // A key given beside a recipe wins over it: say which keys the recipe set, and which of
+    // them the user's document overrode.
+    std::vector<std::string> overridden;
+    for (const auto& r : kRecipes) {
+      if (r.name != c.outer.recipe) continue;
+      for (const auto& set : r.sets) {
+        const std::string key = set.substr(0, set.find('='));
+        if (find_dotted(user, key) != nullptr) overridden.push_back(key);
+      }
+    }
+    throw ConfigError(fmt::format(
+        "{}; outer.recipe = \"{}\" sets its own keys first and a key given beside it wins{}",
+        e.what(), c.outer.recipe,
+        overridden.empty() ? std::string()
+                           : fmt::format(" (given here: {})", fmt::join(overridden, ", "))));
+  }
   return c;
 }
 
@@ -533,9 +647,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 json to_json(const Config& c_in) {
   Config c = c_in;
   json j = json::object();
-  visit_fields(c, [&](const std::string& key, auto& field, const auto&) {
+  visit_fields(c, [&](const Key& k, auto& field, const auto&) {
     json* cur = &j;
-    std::stringstream ss(key);
+    std::stringstream ss(k.name);
     std::string part;
     std::vector<std::string> parts;
     while (std::getline(ss, part, '.')) parts.push_back(part);
@@ -572,52 +686,46 @@ int total_rounds(const Config& c) {
   return (c.inner.steps + c.outer.inner_steps - 1) / c.outer.inner_steps;
 }
 
+const std::vector<RecipeInfo>& recipes() { return kRecipes; }
+
+namespace {
+
+// Whether config_hash takes key `k` of `c` (whose value is `value`, its default `fallback`).
+bool hashed(const Key& k, const Config& c, const json& value, const json& fallback) {
+  if (k.scope != Scope::kAgreed) return false;
+  switch (k.hash) {
+    case Hash::kAlways:
+      return true;
+    case Hash::kUnlessDefault:
+      return k.off != nullptr ? !k.off(c) : value != fallback;
+    case Hash::kWhenApplies:
+      return k.when == nullptr || k.when->holds(c);
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string config_hash(const Config& c) {
-  json j = to_json(c);
-  j.erase("run");
-  j["seed"] = c.run.seed;
-  j["data"].erase("path");
-  j["data"].erase("cache_dir");
-  j["model"].erase("path");  // where the module lies differs between machines; its bytes count
+  // Walks the field table: the agreed keys, by their rows' rules. Two places differ from a
+  // key's own name, as they always have: run.seed is hashed as "seed" (nothing else of run is),
+  // and a TorchScript module's bytes as model.module_blake2b (its path is each machine's own).
+  const json values = to_json(c);
+  const json defaults = to_json(Config{});
+  json j = json::object();
+  Config probe = c;
+  visit_fields(probe, [&](const Key& k, auto&, const auto&) {
+    const json& value = *find_dotted(values, k.name);
+    if (!hashed(k, c, value, *find_dotted(defaults, k.name))) return;
+    const std::string name = k.name;
+    const auto dot = name.find('.');
+    if (name == "run.seed") {
+      j["seed"] = value;
+    } else {
+      j[name.substr(0, dot)][name.substr(dot + 1)] = value;
+    }
+  });
   if (!c.model.file_hash.empty()) j["model"]["module_blake2b"] = c.model.file_hash;
-  j["model"].erase("preset");  // the fields it set are hashed themselves
-  // A byte-level run hashes as it did before model.vocab_size existed, so that its checkpoints
-  // and saved provider states still resume after an upgrade.
-  if (c.model.vocab_size == 0 || (c.data.dataset == DatasetKind::kKjv && c.model.vocab_size == 256)) {
-    j["model"].erase("vocab_size");
-  }
-  // How a provider overlaps its rounds is its own business (the head's rules are the same
-  // either way), so providers need not agree on it. Runs from before time budgets existed
-  // hash as they did (their checkpoints and saved provider states still resume).
-  j["outer"].erase("overlap");
-  j["outer"].erase("delay_steps");
-  j["outer"].erase("fold");
-  if (c.outer.topk_down == 0) j["outer"].erase("topk_down");  // runs from before it hash as before
-  if (c.outer.topk_bits == 2) j["outer"].erase("topk_bits");   // likewise
-  if (c.outer.topk_bits_down == 0) j["outer"].erase("topk_bits_down");  // likewise
-  // (likewise; compared as the encoder's float, so a β that rounds to 1 hashes as 1)
-  if (static_cast<float>(c.outer.ef_decay) == 1.0f) j["outer"].erase("ef_decay");
-  if (c.outer.keep_local == 0) j["outer"].erase("keep_local");  // likewise
-  if (c.outer.lr_end < 0) j["outer"].erase("lr_end");            // likewise
-  if (c.outer.relay_mean == RelayMean::kAll) j["outer"].erase("relay_mean");  // likewise
-  if (c.outer.relay_mean != RelayMean::kClipped) j["outer"].erase("relay_clip");  // unused
-  if (c.outer.fragments == 1) j["outer"].erase("fragments");    // likewise; others must agree
-  if (c.outer.round_budget_s == 0) {
-    j["outer"].erase("round_budget_s");
-    j["outer"].erase("min_inner_steps");
-  }
-  j["inner"].erase("bucket_kb");
-  j["inner"].erase("log_every");
-  j["inner"].erase("checkpoint_every");
-  j["outer"].erase("checkpoint_every");
-  j["outer"].erase("keep_checkpoints");
-  for (const char* timing : {"round_timeout_s", "deadline_multiple", "deadline_min_s",
-                             "start_grace_s", "heartbeat_s", "dead_after_s", "head_timeout_s",
-                             "hello_interval_s", "norm_bound", "norm_clip", "score",
-                             "score_batches", "score_margin", "score_relative",
-                             "providers", "min_providers"}) {
-    j["outer"].erase(timing);  // the head's business: providers need not agree on them
-  }
   const std::string text = json_dump(j);
   return hash_hex(text.data(), text.size());
 }
@@ -641,17 +749,22 @@ std::vector<KeyExplained> explain_config(const std::string& path,
   }());
   const json defaults = to_json(Config{});
   const json values = to_json(resolved);
+  const json recipe = with_recipe(json{{"outer", {{"recipe", resolved.outer.recipe}}}});
   std::vector<KeyExplained> out;
   Config probe = resolved;
-  visit_fields(probe, [&](const std::string& key, auto&, const auto&) {
+  visit_fields(probe, [&](const Key& row, auto&, const auto&) {
+    const std::string key = row.name;
     KeyExplained k;
     k.key = key;
+    k.scope = kScopeNames[static_cast<int>(row.scope)];
     const json* v = find_dotted(values, key);
     k.value = v != nullptr ? json_dump(*v) : "null";
     if (find_dotted(set, key) != nullptr) {
       k.source = "--set";
     } else if (file.is_object() && find_dotted(file, key) != nullptr) {
       k.source = "file";
+    } else if (key != "outer.recipe" && find_dotted(recipe, key) != nullptr) {
+      k.source = "recipe";
     } else if (has_preset && key.rfind("model.", 0) == 0 &&
                *find_dotted(preset_json, key) != *find_dotted(defaults, key)) {
       k.source = "preset";
@@ -660,10 +773,8 @@ std::vector<KeyExplained> explain_config(const std::string& path,
     } else {
       k.source = "default";
     }
-    for (const auto& rule : kInertRules) {
-      if (key == rule.key && !rule.applies_to(resolved)) {
-        k.inert = fmt::format("inert: applies only with {}", rule.applies);
-      }
+    if (row.when != nullptr && !row.when->holds(resolved)) {
+      k.inert = fmt::format("inert: applies only with {}", row.when->text);
     }
     out.push_back(std::move(k));
   });

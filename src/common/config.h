@@ -182,6 +182,10 @@ struct OuterConfig {
   // fragments (each round's budget is one fragment's round).
   double round_budget_s = 0;
   int min_inner_steps = 1;
+  // A named, measured setting (README "Recipes", experiments/RESULTS.md): "lan", "wan",
+  // "wan-sparse" or "unequal" sets the outer keys it names first; a key given beside it wins.
+  // "" sets nothing. `xloco config --explain` shows each key it set as source "recipe".
+  std::string recipe = "";
 };
 
 struct Config {
@@ -198,7 +202,9 @@ int total_rounds(const Config& c);
 // than inner.steps (else the run is one short round, not what H says). Throws ConfigError.
 void check_diloco_schedule(const Config& c);
 // A hash of everything that must agree between the head and its providers (model, data,
-// schedule, outer settings, seed) and nothing host-specific (threads, device, paths).
+// schedule, outer settings, seed) and nothing host-specific (threads, device, paths): the keys
+// of scope "agreed" in the field table (config.cpp), a key added after checkpoints existed only
+// where it is set away from its default, so that a run's checkpoints resume after an upgrade.
 std::string config_hash(const Config& c);
 
 // Parses and validates; throws ConfigError naming the field, the value and the allowed range.
@@ -210,13 +216,21 @@ void apply_override(nlohmann::json& j, const std::string& assignment);
 // parse_error::byte, the last character read, counted from 1): where a JSON error is reported.
 std::pair<size_t, size_t> line_and_column(const std::string& text, size_t byte);
 // `xloco config --explain`: every key of the config that `path` with `overrides` loads to, with
-// where its value came from ("default", "preset", "file", "--set", or "derived": set from the
+// where its value came from ("default", "recipe", "preset", "file", "--set", or "derived": set from the
 // data or the module, as model.vocab_size from meta.json) and, for a key that does
 // nothing with this config, why (the rule naming the key that governs it; "" otherwise).
+// The recipes: name and when to pick it, in the order of the README's table.
+struct RecipeInfo {
+  std::string name;
+  std::string pick_when;
+  std::vector<std::string> sets;  // "key=value", as --set takes them
+};
+const std::vector<RecipeInfo>& recipes();
 struct KeyExplained {
   std::string key;
   std::string value;   // as JSON text
-  std::string source;  // default | preset | file | --set | derived
+  std::string source;  // default | recipe | preset | file | --set | derived
+  std::string scope;   // agreed (in config_hash) | own (each machine's) | head (the head's alone)
   std::string inert;   // "applies only with …", or ""
 };
 std::vector<KeyExplained> explain_config(const std::string& path,

@@ -24,6 +24,13 @@ double link_s(const AdviseInput& in, int i, double bytes_up, double bytes_down) 
   return 8 * (bytes_up + bytes_down) / (at(in.link_mbit, i) * 1e6);
 }
 
+// The recipe a setting is (README "Recipes"), or "".
+std::string recipe_of(const Advice& a) {
+  if (a.codec_up == "int8" && a.codec_down == "int8") return a.overlap ? "wan" : "lan";
+  if (a.codec_up == "topk" && a.codec_down == "relay") return "wan-sparse";
+  return "";
+}
+
 int providers_of(const AdviseInput& in) {
   const int listed = static_cast<int>(std::max(in.step_s.size(), in.link_mbit.size()));
   return in.providers > 0 ? in.providers : listed;
@@ -160,7 +167,68 @@ Advice advise(const AdviseInput& in) {
     best.set_flags += fmt::format(" --set outer.overlap=delayed --set outer.delay_steps={}",
                                   best.delay_steps);
   }
+  best.recipe = recipe_of(best);
+  double fastest = at(in.step_s, 0), slowest = fastest;
+  for (int i = 0; i < k; ++i) {
+    fastest = std::min(fastest, at(in.step_s, i));
+    slowest = std::max(slowest, at(in.step_s, i));
+  }
+  if (slowest > 1.5 * fastest && best.codec_up == "int8") {
+    best.recipe = "unequal";
+    best.round_budget_s = std::round(9 * best.inner_steps * fastest) / 10;
+    best.reason += fmt::format(
+        "; step times differ {:.1f}x, so the fast providers would idle {:.0f} % of a fixed-H "
+        "round: recipe unequal, rounds of {:.1f} s",
+        slowest / fastest, 100 * (1 - fastest / slowest), best.round_budget_s);
+    best.set_flags += fmt::format(" --set outer.recipe=unequal --set outer.round_budget_s={:g}",
+                                  best.round_budget_s);
+  } else if (!best.recipe.empty()) {
+    best.reason += fmt::format(" (recipe {})", best.recipe);
+  }
   return best;
+}
+
+std::string advise_run(const RunMeasured& m, double target) {
+  if (m.rounds < 2 || m.utilization >= target || m.providers.empty() || m.params <= 0 ||
+      m.inner_steps <= 0) {
+    return "";
+  }
+  AdviseInput in;
+  in.params = m.params;
+  in.providers = static_cast<int>(m.providers.size());
+  in.target = target;
+  size_t worst = 0;
+  for (size_t i = 0; i < m.providers.size(); ++i) {
+    const auto& p = m.providers[i];
+    const double link = std::max(p.link_s, 1e-3);
+    in.step_s.push_back(std::max(p.compute_s, 1e-3) / m.inner_steps);
+    // the update comes back as large as it went: the round's link time is twice the upload
+    in.link_mbit.push_back(std::max(8 * p.bytes / link / 1e6, 1e-3));
+    if (p.link_s > m.providers[worst].link_s) worst = i;
+  }
+  const auto& w = m.providers[worst];
+  const double round = w.compute_s + 2 * std::max(w.link_s, 0.0);
+  if (2 * w.link_s < (1 - target) * round) {
+    return fmt::format(
+        "utilization {:.0f} %, but the links explain little of it ({}'s takes {:.1f} s of a "
+        "{:.1f} s round): the rest is the head (closing rounds, evaluating every "
+        "outer.eval_every rounds) or a provider training slower than the others; a larger H "
+        "(outer.inner_steps) spreads the head's part thinner",
+        100 * m.utilization, w.name, 2 * w.link_s, round);
+  }
+  const Advice a = advise(in);
+  const auto now = predict(in, m.inner_steps, m.codec_up, m.codec_down, false);
+  const auto then = predict(in, a.inner_steps, a.codec_up, a.codec_down, a.overlap);
+  return fmt::format(
+      "utilization {:.0f} %: {}'s link needs {:.1f} s per update ({:.1f} MB up and {:.1f} MB down "
+      "at {:.1f} Mbit/s) beside {:.1f} s of compute; {} {}/{}{} at H = {} would need {:.1f} s "
+      "(predicted utilization {:.0f} %): {}",
+      100 * m.utilization, w.name, link_s(in, static_cast<int>(worst), now.bytes_up, now.bytes_down),
+      now.bytes_up / 1e6, now.bytes_down / 1e6, at(in.link_mbit, static_cast<int>(worst)),
+      w.compute_s, a.recipe.empty() ? "setting" : "recipe " + a.recipe, a.codec_up, a.codec_down,
+      a.overlap ? " overlapped" : "", a.inner_steps,
+      link_s(in, static_cast<int>(worst), then.bytes_up, then.bytes_down), 100 * then.utilization,
+      a.set_flags);
 }
 
 }  // namespace xloco::outer

@@ -11,8 +11,10 @@
 // rehearsals): int8 ≈ 1.0 up and 1.0 down; topk 176 of 4096 (2 bits) ≈ 0.044 up, and under relay
 // (K − 1) × 0.044 down. Options are tried in the order of their measured loss cost (int8 first,
 // no overlap first), each at the smallest H of {25, 50, 100, 200, 500} that reaches the target
-// utilization; the first option that reaches it at H ≤ max_h wins. The predictions are not yet
-// checked against a WAN run: RESULTS says so until they are.
+// utilization; the first option that reaches it at H ≤ max_h wins. Checked against two WAN
+// harness runs (experiments/RESULTS.md, "advise"): within 1 point of the measured utilization.
+// Providers whose step times differ by more than 1.5× are advised recipe "unequal" (a time
+// budget of 0.9 × H × the fastest step time) where the codec is int8.
 #pragma once
 
 #include <string>
@@ -39,6 +41,9 @@ struct Advice {
   double bytes_up = 0, bytes_down = 0;  // per provider and round, predicted
   double round_s = 0;                // predicted round wall time
   std::string slowest;               // the provider that sets the round ("provider-3")
+  std::string recipe;                // the recipe this setting is ("lan", "wan", "wan-sparse",
+                                     // "unequal"), or "" where none is
+  double round_budget_s = 0;         // recipe "unequal": outer.round_budget_s
   std::string reason;                // why this setting, in a sentence
   std::string set_flags;             // the --set flags that make it
 };
@@ -52,5 +57,28 @@ Prediction predict(const AdviseInput& in, int inner_steps, const std::string& co
                    const std::string& codec_down, bool overlap);
 
 Advice advise(const AdviseInput& in);
+
+// The head's advice from what it measured (issue 53): shown in /status, `xloco status` and the
+// dashboard while the run's utilization is below the target. Each provider's compute per round
+// and the seconds its link took for its last update are measured by the head (ROUND_START to
+// CONTRIBUTION less the compute it reports); its link rate is that update's bytes over them.
+struct ProviderMeasured {
+  std::string name;
+  double compute_s = 0;    // inner compute of its last contribution
+  double link_s = 0;       // ROUND_START → CONTRIBUTION less compute_s
+  double bytes = 0;        // its last contribution's frame
+};
+struct RunMeasured {
+  double utilization = 1;  // mean of the last rounds' compute / round wall
+  int rounds = 0;          // rounds that mean is over
+  double params = 0;
+  int inner_steps = 0;     // H
+  std::string codec_up, codec_down;
+  std::vector<ProviderMeasured> providers;
+};
+// "" while the run is at or above the target (or fewer than 2 rounds or no provider measured);
+// otherwise one line: the measured utilization, the provider whose link costs most and what a
+// recipe would need instead, or, where the links do not explain it, what does.
+std::string advise_run(const RunMeasured& m, double target = 0.95);
 
 }  // namespace xloco::outer

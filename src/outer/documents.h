@@ -72,6 +72,9 @@ struct HeadStatus {
   uint64_t write_failures = 0;      // metrics lines that could not be written (retried)
   uint64_t last_checkpoint = 0;     // round of the newest checkpoint written by this head
   std::string last_error;           // the newest failed write, for humans
+  // While the run's utilization is below 95 %: what would keep the providers busy, from what
+  // the head measured (outer/advise.h advise_run); "" otherwise.
+  std::string advice;
   std::vector<ProviderStatus> providers;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeadStatus, run, state, reason, round,
@@ -80,7 +83,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeadStatus, run, state, reason, 
                                                 uptime_s, theta_pub_hash, eval_loss, refused,
                                                 discarded_rounds, checkpoint_failures,
                                                 write_failures, last_checkpoint, last_error,
-                                                providers)
+                                                advice, providers)
 
 // One line of metrics/head.jsonl: a closed round. The optional fields (RoundRecord, below) are
 // omitted when absent, so that a reader asks whether a round was evaluated, not for a null.

@@ -162,6 +162,7 @@ void Head::Impl::close_round(const std::string& reason) {
   const bool last = static_cast<int>(done_rounds) >= total;
   rec.round_wall_s = seconds_since(round.started);  // its ROUND_START to the next one
   rec.sync_overhead = std::max(0.0, 1.0 - rec.compute_s / rec.round_wall_s);
+  ledger.note_utilization(1.0 - rec.sync_overhead);
   // The next round starts before the head evaluates or checkpoints, so providers never wait
   // for either: both overlap the providers' inner steps.
   if (!last) try_start_round();
@@ -269,8 +270,10 @@ void Head::Impl::housekeeping() {
 void Head::Impl::publish_status(const std::string& state) {
   if (!status) return;
   const std::string why = in_round ? decide(Clock::now(), round, cfg.outer).reason : last_wait_reason;
-  status->publish(ledger.status(state, why, done_rounds, in_round ? &round : nullptr, members,
-                                model.pub_hash()));
+  HeadStatus s = ledger.status(state, why, done_rounds, in_round ? &round : nullptr, members,
+                               model.pub_hash());
+  if (state != "done") s.advice = ledger.advice(members, model.param_bytes() / 4);
+  status->publish(std::move(s));
 }
 
 void Head::Impl::broadcast(const net::Body& body) {

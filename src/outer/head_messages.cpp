@@ -191,6 +191,8 @@ void Head::Impl::on_contribution(const std::string& peer, uint64_t r, const net:
     set_state({peer, MemberState::kActive, fmt::format("on time again in round {}", r)});
   }
   m.compute_s = c.compute_s;
+  if (std::isfinite(c.compute_s)) m.link_s = std::max(0.0, m.round_s.back() - c.compute_s);
+  m.frame_bytes = static_cast<double>(c.payload.size());
   m.train_loss = c.train_loss;
   const auto now = Clock::now();
   if (m.first_contribution == Clock::time_point{}) {

@@ -1,12 +1,14 @@
 #include "outer/ledger.h"
 #include "common/json_text.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
 
 #include "common/checkpoint.h"
+#include "outer/advise.h"
 #include "common/error.h"
 
 namespace xloco::outer {
@@ -174,6 +176,33 @@ HeadStatus RunLedger::status(const std::string& state, const std::string& reason
   s.last_error = last_error_;
   s.providers = provider_statuses(members, Clock::now());
   return s;
+}
+
+void RunLedger::note_utilization(double u) {
+  if (!std::isfinite(u)) return;
+  utilization_.push_back(std::clamp(u, 0.0, 1.0));
+  if (utilization_.size() > 3) utilization_.pop_front();
+}
+
+std::string RunLedger::advice(const Members& members, double params) const {
+  RunMeasured m;
+  m.rounds = static_cast<int>(utilization_.size());
+  if (m.rounds == 0) return "";
+  m.utilization = 0;
+  for (double u : utilization_) m.utilization += u / m.rounds;
+  m.params = params;
+  m.inner_steps = config_.outer.inner_steps;
+  m.codec_up = common::to_string(config_.outer.codec_up);
+  m.codec_down = common::to_string(config_.outer.codec_down);
+  for (const auto& [name, mem] : members) {
+    if (!is_live(mem.state) || mem.link_s < 0 || mem.frame_bytes <= 0) continue;
+    m.providers.push_back({name, mem.compute_s, mem.link_s, mem.frame_bytes});
+  }
+  try {
+    return advise_run(m);
+  } catch (const common::Error& e) {  // a measurement the rule refuses: no advice, said once
+    return fmt::format("no advice: {}", e.what());
+  }
 }
 
 HeadCheckpointState RunLedger::checkpoint_state(uint64_t done_rounds, const Members& members) const {

@@ -62,6 +62,12 @@ class RunLedger {
                     const RoundState* open, const Members& members,
                     const std::string& pub_hash) const;
 
+  // A closed round's utilization (compute / round wall), kept for the advice.
+  void note_utilization(double u);
+  // The advice /status shows (outer/advise.h advise_run) from the members' measurements and
+  // the last rounds' utilization; "" while the run is at or above 95 %.
+  std::string advice(const Members& members, double params) const;
+
   HeadCheckpointState checkpoint_state(uint64_t done_rounds, const Members& members) const;
   // Counters and member shards and tokens from a checkpoint.
   void restore(const HeadCheckpointState& state, Members& members);
@@ -92,7 +98,8 @@ class RunLedger {
     RoundRecord record;
     bool await_eval = false, await_hash = false;
   };
-  std::deque<Held> held_;  // closed rounds whose records are not complete or not written yet
+  std::deque<Held> held_;
+  std::deque<double> utilization_;  // the last rounds'  // closed rounds whose records are not complete or not written yet
   void flush();
   std::function<void(const RoundRecord&)> written_;
   void log_round(const RoundRecord& record);  // its progress line

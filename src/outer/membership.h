@@ -44,6 +44,8 @@ struct Member {
   double tokens_per_s = 0;                 // from its heartbeats
   double bytes_up = 0, bytes_down = 0;
   double compute_s = 0;                    // inner compute of its last contribution
+  double link_s = -1;                      // its last: ROUND_START → CONTRIBUTION less compute_s
+  double frame_bytes = 0;                  // its last contribution's frame
   double train_loss = -1;                  // its last contribution's mean training loss (< 0: none)
   // Since its admission: its first and last contributions, and the compute the ones after the
   // first report (its busy share in /status).

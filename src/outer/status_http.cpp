@@ -511,6 +511,7 @@ std::string status_table(const HeadStatus& s) {
                                 s.reason.empty() ? "" : " (" + s.reason + ")",
                                 s.eval_loss ? fmt::format("{:.4f}", *s.eval_loss) : "-",
                                 common::human_bytes(s.bytes_up), common::human_bytes(s.bytes_down));
+  if (!s.advice.empty()) out += "advice: " + s.advice + "\n";
   std::string trouble;
   for (const auto& [code, n] : s.refused) trouble += fmt::format("{}{} {}", trouble.empty() ? "" : ", ", n, code);
   if (!trouble.empty()) out += "refused: " + trouble + "\n";

@@ -215,4 +215,98 @@ TEST_SUITE("config") {
       CHECK(std::string(e.what()).find("did you mean") == std::string::npos);
     }
   }
+
+  // Hashes of configs as the config_hash of before issue 53's field table computed them (commit
+  // c51a71f): a head's checkpoint and a provider's saved state are refused on resume unless the
+  // hash is equal, so a table-derived hash that moved any of these would strand every run in
+  // flight. New keys hash only when set away from their default.
+  TEST_CASE("config_hash: configs hash as they did before the field table (checkpoints resume)") {
+    const std::string root = xloco::test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/";
+    struct Pinned {
+      const char* file;
+      std::vector<std::string> sets;
+      const char* hash;
+    };
+    const std::vector<std::string> sparse = {
+        "outer.codec_up=topk", "outer.codec_down=relay", "outer.block_size=4096", "outer.topk=176",
+        "outer.momentum=0", "outer.lr=2.5", "outer.lr_end=1.25", "outer.ef_decay=0.6",
+        "outer.relay_mean=clipped"};
+    const std::vector<Pinned> pinned = {
+        {"kjv-tiny.json", {}, "e1afcfca56545096c457229074df3837"},
+        {"kjv-tiny-4p.json", {}, "4d263052f6287e04c2d660cdedc0715e"},
+        {"fmnist-cnn.json", {}, "47520f11d1e4ab57f481a158e5cc2e99"},
+        {"fmnist-ddpm.json", {}, "178f6b08cb871a5e3f2104b0d6967d96"},
+        {"kjv-small-gpu.json", {}, "67d8b234318ab6f75f766a0e4244a0f7"},
+        {"tokens-gpt2-small.json", {}, "8fbe28854b95265111e714244495b891"},
+        {"kjv-tiny-4p.json", sparse, "8a90e34a1fdcad1a3abfcc1c4c608242"},
+        {"kjv-tiny-4p.json", {"outer.codec_up=topk", "outer.codec_down=topk", "outer.topk_down=640", "outer.topk_bits=4", "outer.topk_bits_down=2", "outer.block_size=4096", "outer.momentum=0"}, "31921c2b5539047287912115cc2ab9db"},
+        {"kjv-tiny-4p.json", {"outer.overlap=delayed", "outer.fold=arrival", "outer.delay_steps=10", "outer.keep_local=0.5", "outer.momentum=0.8"}, "cb20b3bde315ef0af83a7660b1d76fab"},
+        {"kjv-tiny-4p.json", {"outer.fragments=5", "outer.inner_steps=10", "outer.round_budget_s=4.6", "outer.min_inner_steps=3"}, "07171fe1c21907e76dd439f15797bdb4"},
+        {"kjv-tiny-4p.json", {"outer.score=true", "outer.norm_bound=3", "outer.trust_region=2", "outer.providers=7", "run.threads=1", "inner.bucket_kb=64"}, "0765ff6c7c610aa2e23e532bdded870c"},
+        {"kjv-tiny-4p.json", {"data.sharding=contiguous", "model.vocab_size=256", "outer.lr_end=0.3", "outer.relay_mean=present", "outer.codec_down=relay", "outer.momentum=0"}, "4d24f63f6377eb9648fc9d5f9faf970b"},
+        {"fmnist-cnn.json", {"data.sharding=dirichlet", "data.dirichlet_alpha=0.3"}, "2770bff6ce4a235fd81c4faebdf33afb"},
+    };
+    for (const auto& p : pinned) {
+      CAPTURE(p.file);
+      CAPTURE(p.sets.size());
+      const auto c = xloco::common::load_config(root + p.file, p.sets);
+      CHECK(xloco::common::config_hash(c) == p.hash);
+    }
+  }
+}
+
+TEST_SUITE("config") {
+  // outer.recipe sets its keys under the user's: a key given beside it wins; it hashes as the
+  // same keys set by hand would (a provider with the recipe and one with its --set line agree).
+  TEST_CASE("recipes: each sets its keys, a key beside it wins, the shipped files load") {
+    const std::string root = xloco::test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/";
+    auto error = [](const json& j) {
+      try {
+        parse_config(j);
+      } catch (const ConfigError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    const auto lan = parse_config(json{{"outer", {{"recipe", "lan"}}}});
+    CHECK(xloco::common::to_string(lan.outer.codec_up) == std::string("int8"));
+    CHECK(lan.outer.momentum == doctest::Approx(0.9));
+    const auto sparse = parse_config(json{{"outer", {{"recipe", "wan-sparse"}}}});
+    CHECK(xloco::common::to_string(sparse.outer.codec_up) == std::string("topk"));
+    CHECK(xloco::common::to_string(sparse.outer.codec_down) == std::string("relay"));
+    CHECK(sparse.outer.topk == 176);
+    CHECK(sparse.outer.momentum == doctest::Approx(0.0));
+    const auto wan = parse_config(json{{"outer", {{"recipe", "wan"}, {"lr", 0.5}}}});
+    CHECK(xloco::common::to_string(wan.outer.overlap) == std::string("delayed"));
+    CHECK(wan.outer.lr == doctest::Approx(0.5));  // the key beside the recipe wins
+    // Each recipe names when to pick it, in the README's order.
+    REQUIRE(xloco::common::recipes().size() == 4);
+    for (const auto& r : xloco::common::recipes()) CHECK(!r.pick_when.empty());
+    // Unknown recipe, unequal without a budget, and the combinations never measured: refused.
+    CHECK(error(json{{"outer", {{"recipe", "fast"}}}}).find("outer.recipe") != std::string::npos);
+    CHECK(error(json{{"outer", {{"recipe", "unequal"}}}}).find("outer.round_budget_s") !=
+          std::string::npos);
+    CHECK(error(json{{"outer", {{"recipe", "wan-sparse"}, {"fragments", 5}}}})
+              .find("outer.fragments") != std::string::npos);
+    CHECK(error(json{{"outer", {{"recipe", "wan-sparse"}, {"round_budget_s", 10}}}})
+              .find("outer.round_budget_s") != std::string::npos);
+    // A recipe's key overridden into a refusal: the message says the recipe set its keys first.
+    const std::string why = error(json{{"outer", {{"recipe", "wan-sparse"}, {"momentum", 0.9}}}});
+    CHECK(why.find("outer.recipe = \"wan-sparse\"") != std::string::npos);
+    // Hashes: recipe-lan.json is kjv-tiny-4p.json; recipe-wan-sparse.json is kjv-tiny-4p.json
+    // with the README's sparse --set line (the pinned hash above).
+    using xloco::common::config_hash;
+    using xloco::common::load_config;
+    CHECK(config_hash(load_config(root + "recipe-lan.json", {"run.name=kjv-tiny-4p"})) ==
+          "4d263052f6287e04c2d660cdedc0715e");
+    CHECK(config_hash(load_config(root + "recipe-wan-sparse.json", {"run.name=kjv-tiny-4p"})) ==
+          "8a90e34a1fdcad1a3abfcc1c4c608242");
+    for (const char* f : {"recipe-lan.json", "recipe-wan.json", "recipe-wan-sparse.json",
+                          "recipe-unequal.json"}) {
+      CAPTURE(f);
+      const auto c = load_config(root + f);
+      CHECK(!c.outer.recipe.empty());
+      CHECK_NOTHROW(xloco::common::check_diloco_schedule(c));
+    }
+  }
 }

@@ -1550,6 +1550,50 @@ TEST_SUITE("advise") {
     CHECK(a.reason.find("at K = 64 a relayed downlink") != std::string::npos);
   }
 
+  TEST_CASE("advice: unequal step times get recipe unequal with a round budget") {
+    AdviseInput in;
+    in.params = 101e6;
+    in.step_s = {2.4, 2.4, 2.4, 4.8};
+    in.link_mbit = {1000};
+    const auto a = xloco::outer::advise(in);
+    CHECK(a.recipe == "unequal");
+    CHECK(a.round_budget_s == doctest::Approx(0.9 * a.inner_steps * 2.4).epsilon(0.01));
+    CHECK(a.set_flags.find("outer.recipe=unequal") != std::string::npos);
+    in.step_s = {2.4};
+    CHECK(xloco::outer::advise(in).recipe == "lan");
+  }
+
+  TEST_CASE("the head's advice from its measurements: silent at 95 %, names the link that costs") {
+    xloco::outer::RunMeasured m;
+    m.params = 101e6;
+    m.inner_steps = 50;
+    m.codec_up = m.codec_down = "int8";
+    m.rounds = 3;
+    m.utilization = 0.60;
+    // provider-3 sends 101 MB in 80 s (10 Mbit/s); the others in 1 s.
+    for (int i = 0; i < 4; ++i) {
+      m.providers.push_back({"provider-" + std::to_string(i), 120.0, i == 3 ? 80.8 : 1.0, 101e6});
+    }
+    const std::string text = xloco::outer::advise_run(m);
+    INFO(text);
+    CHECK(text.rfind("utilization 60 %: provider-3's link needs", 0) == 0);
+    CHECK(text.find("recipe ") != std::string::npos);
+    CHECK(text.find("--set outer.") != std::string::npos);
+    // At or above the target, or too early to tell: nothing.
+    m.utilization = 0.96;
+    CHECK(xloco::outer::advise_run(m).empty());
+    m.utilization = 0.60;
+    m.rounds = 1;
+    CHECK(xloco::outer::advise_run(m).empty());
+    m.rounds = 3;
+    // Fast links but a low utilization: the links are not the cause, and the advice says so.
+    for (auto& p : m.providers) p.link_s = 0.5;
+    const std::string other = xloco::outer::advise_run(m);
+    INFO(other);
+    CHECK(other.find("the links explain little of it") != std::string::npos);
+    CHECK(other.find("--set") == std::string::npos);
+  }
+
   TEST_CASE("advice refuses inputs it cannot use") {
     AdviseInput in;
     in.params = 1e6;

@@ -7,7 +7,8 @@ driven over the DevTools protocol (tests/dashboard/cdp.py), opens http://HOST:PO
 and from the page's DOM after two rounds: the loss chart has one point per evaluated round (as
 many as /history holds, read before and after the DOM), one row per provider with its state
 and address, bytes that grow with the next round, the run's config; opened without the token,
-the page shows no address. The screenshot goes to ARTIFACTS/dashboard.png (argv[1], default
+the page shows no address; the run below 95 % utilization shows the head's advice in /status
+and on the page. The screenshot goes to ARTIFACTS/dashboard.png (argv[1], default
 ./artifacts). Skipped (77) with the reason printed where Chromium or the King James Bible is
 missing. Signals only its own process groups (the run's and the browser's), always reaped."""
 import json
@@ -61,6 +62,7 @@ DOM = """(() => {
     config: document.getElementById('config').textContent,
     round_text: document.getElementById('round').textContent,
     notice: document.getElementById('notice').style.display === 'block' ? document.getElementById('notice').textContent : '',
+    advice: getComputedStyle(document.getElementById('advice')).display !== 'none' ? document.getElementById('advice').textContent : '',
   };
 })()"""
 
@@ -74,7 +76,10 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
     args = [XLOCO, "local", "--providers", "3", "--config", str(SRC / "configs/kjv-tiny-4p.json"),
             "--set", f"run.dir={tmp}", "--set", "run.name=dash", "--set", "outer.inner_steps=10",
             "--set", "inner.steps=300", "--set", "outer.eval_every=1", "--set", "inner.eval_batches=4",
-            "--set", "inner.log_every=10", "--set", "inner.warmup_steps=5", "--set", "outer.min_providers=3"]
+            "--set", "inner.log_every=10", "--set", "inner.warmup_steps=5", "--set", "outer.min_providers=3",
+            # zstd at its slowest level: each frame takes about a second to pack, time the providers
+            # do not compute, so the run stays below 95 % utilization and the head advises
+            "--set", "outer.zstd_level=19"]
     log = open(Path(tmp) / "local.log", "wb")
     run = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     browser = None
@@ -125,6 +130,22 @@ with tempfile.TemporaryDirectory(prefix="xloco-dashboard-") as tmp:
         dom2 = browser.evaluate(DOM)
         check(dom2["bytes"] > b1 and dom2["points"] > p1,
               f"bytes grow ({b1:.0f} -> {dom2['bytes']:.0f}) and the loss chart gains points ({p1} -> {dom2['points']}) without a reload")
+
+        # Advice: zstd level 19 keeps the providers below 95 % busy, so the head advises (from its
+        # own measurements) in /status, `xloco status` and on the page.
+        recent = [h["utilization"] for h in get(url, "/history", TOKEN)["rounds"][-3:]]
+        mean = sum(recent) / len(recent)
+        check(mean < 0.95, f"this run's measured utilization is below 95 % ({mean:.3f})")
+        browser.wait_for("getComputedStyle(document.getElementById('advice')).display !== 'none'", timeout=60)
+        advice = get(url, "/status", TOKEN).get("advice", "")
+        dom4 = browser.evaluate(DOM)
+        print(f"advice: {advice}")
+        check(advice.startswith("utilization "), f"/status carries the advice ({advice[:80]!r})")
+        check(dom4["advice"].startswith("Advice: utilization ") and "%" in dom4["advice"],
+              f"the dashboard shows the advice ({dom4['advice'][:80]!r})")
+        table = subprocess.run([XLOCO, "status", "--head", url], capture_output=True, text=True, timeout=30,
+                               env=env).stdout
+        check("\nadvice: utilization " in table, "xloco status prints the advice")
 
         # Without the token: the same page, no addresses.
         browser.navigate("about:blank")  # so that the wait below cannot see the last page
