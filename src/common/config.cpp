@@ -629,11 +629,34 @@ json read_config_file(const std::string& path) {
   }
 }
 
+// The recipe a --set names (the last one), or nullptr. A recipe chosen on the command line is
+// the newer choice: its keys go over the file's, and the other --set keys over it; a recipe in
+// the file sits under the file's own keys (with_recipe).
+const RecipeInfo* recipe_set(const std::vector<std::string>& overrides) {
+  json set = json::object();
+  for (const auto& o : overrides) apply_override(set, o);
+  const json* name = find_dotted(set, "outer.recipe");
+  if (name == nullptr || !name->is_string()) return nullptr;
+  for (const auto& r : kRecipes) {
+    if (r.name == name->get<std::string>()) return &r;
+  }
+  return nullptr;
+}
+
+// The file, the recipe given by --set (if any) over it, then every --set.
+json merge_document(const json& file, const std::vector<std::string>& overrides) {
+  json j = file;
+  if (const RecipeInfo* r = recipe_set(overrides); r != nullptr && j.is_object()) {
+    for (const auto& set : r->sets) apply_override(j, set);
+  }
+  for (const auto& o : overrides) apply_override(j, o);
+  return j;
+}
+
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  json j = read_config_file(path);
-  for (const auto& o : overrides) apply_override(j, o);
+  json j = merge_document(read_config_file(path), overrides);
   infer_dataset(j);
   try {
     Config c = parse_config(j);
@@ -736,8 +759,8 @@ std::vector<KeyExplained> explain_config(const std::string& path,
   const json file = read_config_file(path);
   json set = json::object();
   for (const auto& o : overrides) apply_override(set, o);
-  json merged = file.is_object() ? file : json::object();
-  for (const auto& o : overrides) apply_override(merged, o);
+  const json merged = merge_document(file.is_object() ? file : json::object(), overrides);
+  const bool recipe_by_set = recipe_set(overrides) != nullptr;
   ModelConfig preset;
   const json* preset_name = find_dotted(merged, "model.preset");
   const bool has_preset = preset_name != nullptr && preset_name->is_string();
@@ -761,6 +784,8 @@ std::vector<KeyExplained> explain_config(const std::string& path,
     k.value = v != nullptr ? json_dump(*v) : "null";
     if (find_dotted(set, key) != nullptr) {
       k.source = "--set";
+    } else if (recipe_by_set && key != "outer.recipe" && find_dotted(recipe, key) != nullptr) {
+      k.source = "recipe";
     } else if (file.is_object() && find_dotted(file, key) != nullptr) {
       k.source = "file";
     } else if (key != "outer.recipe" && find_dotted(recipe, key) != nullptr) {

@@ -183,8 +183,9 @@ struct OuterConfig {
   double round_budget_s = 0;
   int min_inner_steps = 1;
   // A named, measured setting (README "Recipes", experiments/RESULTS.md): "lan", "wan",
-  // "wan-sparse" or "unequal" sets the outer keys it names first; a key given beside it wins.
-  // "" sets nothing. `xloco config --explain` shows each key it set as source "recipe".
+  // "wan-sparse" or "unequal" sets the outer keys it names first; a key given beside it in the
+  // same file wins. Given by --set, it goes over the file's keys, under the other --set keys
+  // (load_config). "" sets nothing. `xloco config --explain` shows each key it set as source "recipe".
   std::string recipe = "";
 };
 

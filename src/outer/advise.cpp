@@ -184,6 +184,8 @@ Advice advise(const AdviseInput& in) {
                                   best.round_budget_s);
   } else if (!best.recipe.empty()) {
     best.reason += fmt::format(" (recipe {})", best.recipe);
+    // the recipe's other keys (outer rate, momentum, fold) come with it; the keys set beside it win
+    best.set_flags += fmt::format(" --set outer.recipe={}", best.recipe);
   }
   return best;
 }

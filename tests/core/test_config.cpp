@@ -301,6 +301,14 @@ TEST_SUITE("config") {
           "4d263052f6287e04c2d660cdedc0715e");
     CHECK(config_hash(load_config(root + "recipe-wan-sparse.json", {"run.name=kjv-tiny-4p"})) ==
           "8a90e34a1fdcad1a3abfcc1c4c608242");
+    // A recipe chosen by --set goes over the file's keys (kjv-tiny-4p.json sets int8 and
+    // momentum 0.9 itself), and the other --set keys over the recipe.
+    const auto by_set = load_config(root + "kjv-tiny-4p.json", {"outer.recipe=wan-sparse"});
+    CHECK(xloco::common::to_string(by_set.outer.codec_up) == std::string("topk"));
+    CHECK(by_set.outer.momentum == doctest::Approx(0.0));
+    CHECK(config_hash(by_set) == "8a90e34a1fdcad1a3abfcc1c4c608242");
+    CHECK(load_config(root + "kjv-tiny-4p.json", {"outer.lr=2", "outer.recipe=wan-sparse"})
+              .outer.lr == doctest::Approx(2.0));
     for (const char* f : {"recipe-lan.json", "recipe-wan.json", "recipe-wan-sparse.json",
                           "recipe-unequal.json"}) {
       CAPTURE(f);

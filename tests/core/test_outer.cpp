@@ -1524,6 +1524,8 @@ TEST_SUITE("advise") {
     CHECK(a.delay_steps == 81);  // 1.2 x 161.6 s of link / 2.4 s a step
     CHECK(a.reason.find("provider-3's link needs 161.6 s") != std::string::npos);
     CHECK(a.set_flags.find("outer.overlap=delayed") != std::string::npos);
+    CHECK(a.recipe == "wan");
+    CHECK(a.set_flags.find("--set outer.recipe=wan") != std::string::npos);
     // At H <= 50 only the sparse codec with overlap keeps up.
     in.max_h = 50;
     a = xloco::outer::advise(in);
