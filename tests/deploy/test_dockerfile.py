@@ -57,6 +57,28 @@ check(re.search(r"^make demo\b", first_block, re.M) is not None and
       "the README opens with `make demo` and `make test`")
 check("make test" in (SRC / ".ci/run").read_text(), ".ci/run runs make test")
 
+# The README is a user's guide (issue 53): at most 400 lines, and every measured figure in its
+# prose (a ratio "1.035×", a share "98.03 %", a loss "1.9556") is one of the figures that hold
+# today, the table at the top of experiments/RESULTS.md. Settings and targets are not figures.
+check(readme.count("\n") <= 400, f"the README is at most 400 lines ({readme.count(chr(10))})")
+results = (SRC / "experiments/RESULTS.md").read_text()
+start, end = results.find("## The figures that hold today"), results.find("History below")
+check(0 <= start < end, "experiments/RESULTS.md opens with the figures that hold today")
+table = results[start:end] if 0 <= start < end else ""
+settings = {"95 %", "3 ×", "10×", "5×"}  # utilization target, deadline multiple, norm bound, memory goal
+prose = " ".join(readme.split("```")[0::2])
+untraced = []
+for m in re.finditer(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s?(×|%)|(?<![\w.])(\d\.\d{4})(?!\w)", prose):
+    if m.group(0) in settings:
+        continue
+    if m.group(3):
+        found = re.search(r"(?<![\w.])" + re.escape(m.group(3)) + r"(?!\d)", table)
+    else:
+        found = re.search(r"(?<![\w.])" + re.escape(m.group(1)) + r"(\s?" + m.group(2) + "|–)", table)
+    if not found:
+        untraced.append(m.group(0))
+check(not untraced, f"every figure in the README is in RESULTS' current table (not found: {untraced})")
+
 for dockerfile, extra in (("deploy/Dockerfile", None), ("deploy/Dockerfile.cuda", "CMAKE_PREFIX_PATH=")):
     ins = instructions(dockerfile)
     froms = [a for w, a in ins if w == "FROM"]
