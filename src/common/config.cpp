@@ -196,6 +196,12 @@ void visit_fields(Config& c, Visitor&& v) {
 // The recipes (README "Recipes"; measured in experiments/plans/recipes.json). Each sets only
 // outer keys; the model, data and H (outer.inner_steps: `xloco advise` picks it from your
 // links) stay yours.
+// wan and unequal: int8 with overlapped rounds (unequal adds the budget the user must set).
+const std::vector<std::string> kOverlapped = {
+    "outer.codec_up=int8", "outer.codec_down=int8", "outer.block_size=256", "outer.lr=0.7",
+    "outer.momentum=0.8", "outer.nesterov=true", "outer.overlap=delayed", "outer.fold=arrival",
+    "outer.keep_local=0.5"};
+
 const std::vector<RecipeInfo> kRecipes = {
     {"lan",
      "every link 1 Gbit/s or more (one datacentre, a LAN): DiLoCo as published, int8 both ways, "
@@ -205,9 +211,7 @@ const std::vector<RecipeInfo> kRecipes = {
     {"wan",
      "links of 5-100 Mbit/s, providers of about equal speed: int8, each round's update folded in "
      "when it arrives while the next round trains",
-     {"outer.codec_up=int8", "outer.codec_down=int8", "outer.block_size=256", "outer.lr=0.7",
-      "outer.momentum=0.8", "outer.nesterov=true", "outer.overlap=delayed",
-      "outer.fold=arrival", "outer.keep_local=0.5"}},
+     kOverlapped},
     {"wan-sparse",
      "links too slow for int8 at your H (`xloco advise` says so): 2-bit top-k up, the accepted "
      "frames relayed down exactly, outer SGD",
@@ -217,9 +221,7 @@ const std::vector<RecipeInfo> kRecipes = {
     {"unequal",
      "providers of unequal speed: time-budgeted rounds (set outer.round_budget_s a little below "
      "your fast providers' time for H steps), int8, overlapped",
-     {"outer.codec_up=int8", "outer.codec_down=int8", "outer.block_size=256", "outer.lr=0.7",
-      "outer.momentum=0.8", "outer.nesterov=true", "outer.overlap=delayed",
-      "outer.fold=arrival", "outer.keep_local=0.5"}},
+     kOverlapped},
 };
 
 const json* find_dotted(const json& j, const std::string& dotted) {

@@ -11,6 +11,18 @@ using nlohmann::json;
 using xloco::common::ConfigError;
 using xloco::common::parse_config;
 
+namespace {
+// parse_config's refusal, or "" where it accepts the document.
+std::string config_refusal(const json& j) {
+  try {
+    parse_config(j);
+  } catch (const ConfigError& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+}  // namespace
+
 TEST_SUITE("config") {
   TEST_CASE("defaults parse and round-trip through JSON") {
     auto c = parse_config(json::object());
@@ -21,18 +33,10 @@ TEST_SUITE("config") {
   }
 
   TEST_CASE("torchscript: model.path required, any data set, the module's bytes in the hash") {
-    auto error = [](const json& j) {
-      try {
-        parse_config(j);
-      } catch (const ConfigError& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
-    CHECK(error(json{{"model", {{"kind", "torchscript"}}}}).find("needs model.path") != std::string::npos);
-    CHECK(error(json{{"model", {{"kind", "gpt"}, {"path", "m.pt"}}}}).find("model.path is for") != std::string::npos);
+    CHECK(config_refusal(json{{"model", {{"kind", "torchscript"}}}}).find("needs model.path") != std::string::npos);
+    CHECK(config_refusal(json{{"model", {{"kind", "gpt"}, {"path", "m.pt"}}}}).find("model.path is for") != std::string::npos);
     auto a = parse_config(json{{"model", {{"kind", "torchscript"}, {"path", "/a/m.pt"}}}});
-    CHECK(error(json{{"model", {{"kind", "torchscript"}, {"path", "m.pt"}}},
+    CHECK(config_refusal(json{{"model", {{"kind", "torchscript"}, {"path", "m.pt"}}},
                      {"data", {{"dataset", "fmnist"}}}}).empty());
     auto b = a;
     b.model.path = "/elsewhere/m.pt";  // the same module in another place: the same run
@@ -260,14 +264,6 @@ TEST_SUITE("config") {
   // same keys set by hand would (a provider with the recipe and one with its --set line agree).
   TEST_CASE("recipes: each sets its keys, a key beside it wins, the shipped files load") {
     const std::string root = xloco::test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/";
-    auto error = [](const json& j) {
-      try {
-        parse_config(j);
-      } catch (const ConfigError& e) {
-        return std::string(e.what());
-      }
-      return std::string();
-    };
     const auto lan = parse_config(json{{"outer", {{"recipe", "lan"}}}});
     CHECK(xloco::common::to_string(lan.outer.codec_up) == std::string("int8"));
     CHECK(lan.outer.momentum == doctest::Approx(0.9));
@@ -283,15 +279,15 @@ TEST_SUITE("config") {
     REQUIRE(xloco::common::recipes().size() == 4);
     for (const auto& r : xloco::common::recipes()) CHECK(!r.pick_when.empty());
     // Unknown recipe, unequal without a budget, and the combinations never measured: refused.
-    CHECK(error(json{{"outer", {{"recipe", "fast"}}}}).find("outer.recipe") != std::string::npos);
-    CHECK(error(json{{"outer", {{"recipe", "unequal"}}}}).find("outer.round_budget_s") !=
+    CHECK(config_refusal(json{{"outer", {{"recipe", "fast"}}}}).find("outer.recipe") != std::string::npos);
+    CHECK(config_refusal(json{{"outer", {{"recipe", "unequal"}}}}).find("outer.round_budget_s") !=
           std::string::npos);
-    CHECK(error(json{{"outer", {{"recipe", "wan-sparse"}, {"fragments", 5}}}})
+    CHECK(config_refusal(json{{"outer", {{"recipe", "wan-sparse"}, {"fragments", 5}}}})
               .find("outer.fragments") != std::string::npos);
-    CHECK(error(json{{"outer", {{"recipe", "wan-sparse"}, {"round_budget_s", 10}}}})
+    CHECK(config_refusal(json{{"outer", {{"recipe", "wan-sparse"}, {"round_budget_s", 10}}}})
               .find("outer.round_budget_s") != std::string::npos);
     // A recipe's key overridden into a refusal: the message says the recipe set its keys first.
-    const std::string why = error(json{{"outer", {{"recipe", "wan-sparse"}, {"momentum", 0.9}}}});
+    const std::string why = config_refusal(json{{"outer", {{"recipe", "wan-sparse"}, {"momentum", 0.9}}}});
     CHECK(why.find("outer.recipe = \"wan-sparse\"") != std::string::npos);
     // Hashes: recipe-lan.json is kjv-tiny-4p.json; recipe-wan-sparse.json is kjv-tiny-4p.json
     // with the README's sparse --set line (the pinned hash above).
