@@ -233,4 +233,31 @@ std::string advise_run(const RunMeasured& m, double target) {
       a.set_flags);
 }
 
+std::string relay_download_warning(int providers, const std::string& codec_up, int topk,
+                                   int block_size) {
+  double per_frame = 0;  // bytes per parameter of one uplink frame
+  if (codec_up == "topk") {
+    const int sent = topk > 0 ? topk : std::max(1, block_size / 64);
+    per_frame = kTopkBytes * (static_cast<double>(sent) / std::max(1, block_size)) / (176.0 / 4096);
+  } else if (codec_up == "int8") {
+    per_frame = kInt8Bytes;
+  } else if (codec_up == "int4") {
+    per_frame = kInt8Bytes / 2;
+  } else if (codec_up == "bf16") {
+    per_frame = 2;
+  } else {
+    per_frame = 4;
+  }
+  const double relayed = (providers - 1) * per_frame;
+  if (providers < 2 || relayed <= kInt8Bytes) return "";
+  const int break_even = 1 + static_cast<int>(std::floor(kInt8Bytes / per_frame));
+  return fmt::format(
+      "outer.codec_down \"relay\" with K = {}: each provider downloads {} frames a round, about "
+      "{:.2f} bytes a parameter, against {:.1f} for an aggregated int8 update; relay is the "
+      "smaller downlink only up to K = {} (measured at 101 M parameters, K = 64: 250.7 MB against "
+      "about 101 MB; experiments/RESULTS.md, issue 54). Set outer.codec_down = \"int8\" for fewer "
+      "bytes",
+      providers, providers - 1, relayed, kInt8Bytes, break_even);
+}
+
 }  // namespace xloco::outer

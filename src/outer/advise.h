@@ -81,4 +81,12 @@ struct RunMeasured {
 // recipe would need instead, or, where the links do not explain it, what does.
 std::string advise_run(const RunMeasured& m, double target = 0.95);
 
+// Relay's downlink against an aggregated int8 update (experiments/RESULTS.md, issue 54): under
+// relay each provider downloads the K − 1 other frames a round, about (K − 1) × the uplink's
+// bytes per parameter (topk at 176 of 4096, 2 bits: 0.044; int8 1.0), against 1.0 for an int8
+// update. "" while relay downloads less; otherwise the warning the head logs at start, with the
+// K where relay stops paying. Pure: (K, the uplink codec, its top-k density).
+std::string relay_download_warning(int providers, const std::string& codec_up, int topk,
+                                   int block_size);
+
 }  // namespace xloco::outer

@@ -41,6 +41,11 @@ void RunLedger::announce() const {
                  "(clipped) value, not 1/K of it; with providers you do not trust use \"clipped\" or "
                  "\"all\" (README, threat model)");
   }
+  if (o.codec_down == common::CodecKind::kRelay) {
+    const std::string w = relay_download_warning(o.providers, common::to_string(o.codec_up), o.topk,
+                                                 o.block_size);
+    if (!w.empty()) spdlog::warn("{}", w);
+  }
   if (o.norm_bound <= 0) {
     spdlog::warn("outer.norm_bound is 0: contributions' norms are neither judged nor clipped; one "
                  "provider can move theta as far as it likes (README, threat model)");

@@ -1596,6 +1596,22 @@ TEST_SUITE("advise") {
     CHECK(other.find("--set") == std::string::npos);
   }
 
+  TEST_CASE("relay's downlink against int8: silent while it is smaller, a warning past K = 23") {
+    using xloco::outer::relay_download_warning;
+    CHECK(relay_download_warning(4, "topk", 176, 4096).empty());
+    CHECK(relay_download_warning(23, "topk", 176, 4096).empty());  // 22 x 0.044 = 0.97 of int8's
+    CHECK(!relay_download_warning(24, "topk", 176, 4096).empty());  // 23 x 0.044 = 1.01
+    const std::string w = relay_download_warning(64, "topk", 176, 4096);
+    INFO(w);
+    CHECK(w.find("K = 64: each provider downloads 63 frames") != std::string::npos);
+    CHECK(w.find("only up to K = 23") != std::string::npos);
+    CHECK(w.find("outer.codec_down = \"int8\"") != std::string::npos);
+    // A denser top-k reaches the break-even sooner; an int8 uplink relayed never pays past K = 2.
+    CHECK(!relay_download_warning(16, "topk", 704, 4096).empty());
+    CHECK(!relay_download_warning(3, "int8", 0, 256).empty());
+    CHECK(relay_download_warning(2, "int8", 0, 256).empty());
+  }
+
   TEST_CASE("advice refuses inputs it cannot use") {
     AdviseInput in;
     in.params = 1e6;
