@@ -224,6 +224,14 @@ const std::vector<RecipeInfo> kRecipes = {
      kOverlapped},
 };
 
+// The recipe named `name`, or nullptr.
+const RecipeInfo* find_recipe(const std::string& name) {
+  for (const auto& r : kRecipes) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
 const json* find_dotted(const json& j, const std::string& dotted) {
   const json* cur = &j;
   std::stringstream ss(dotted);
@@ -477,15 +485,13 @@ void refuse_inert(const json& user, const Config& c) {
 // gave (beside it, in the file or by --set) wins.
 json with_recipe(const json& j) {
   const json* name = find_dotted(j, "outer.recipe");
-  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) return j;
-  for (const auto& r : kRecipes) {
-    if (r.name != name->get<std::string>()) continue;
-    json merged = json::object();
-    for (const auto& set : r.sets) apply_override(merged, set);
-    merged.merge_patch(j);
-    return merged;
-  }
-  return j;  // an unknown name: parse refuses it with the recipes' names
+  const RecipeInfo* r =
+      name != nullptr && name->is_string() ? find_recipe(name->get<std::string>()) : nullptr;
+  if (r == nullptr) return j;  // none, or an unknown name: parse refuses it with the recipes' names
+  json merged = json::object();
+  for (const auto& set : r->sets) apply_override(merged, set);
+  merged.merge_patch(j);
+  return merged;
 }
 
 // data.path names a folder of token files (meta.json, or a *train*.bin) while data.dataset is
@@ -548,12 +554,9 @@ Config parse_config(const json& user) {
     // A key given beside a recipe wins over it: say which keys the recipe set, and which of
     // them the user's document overrode.
     std::vector<std::string> overridden;
-    for (const auto& r : kRecipes) {
-      if (r.name != c.outer.recipe) continue;
-      for (const auto& set : r.sets) {
-        const std::string key = set.substr(0, set.find('='));
-        if (find_dotted(user, key) != nullptr) overridden.push_back(key);
-      }
+    for (const auto& set : find_recipe(c.outer.recipe)->sets) {  // parsed: a known name
+      const std::string key = set.substr(0, set.find('='));
+      if (find_dotted(user, key) != nullptr) overridden.push_back(key);
     }
     throw ConfigError(fmt::format(
         "{}; outer.recipe = \"{}\" sets its own keys first and a key given beside it wins{}",
@@ -638,11 +641,7 @@ const RecipeInfo* recipe_set(const std::vector<std::string>& overrides) {
   json set = json::object();
   for (const auto& o : overrides) apply_override(set, o);
   const json* name = find_dotted(set, "outer.recipe");
-  if (name == nullptr || !name->is_string()) return nullptr;
-  for (const auto& r : kRecipes) {
-    if (r.name == name->get<std::string>()) return &r;
-  }
-  return nullptr;
+  return name != nullptr && name->is_string() ? find_recipe(name->get<std::string>()) : nullptr;
 }
 
 // The file, the recipe given by --set (if any) over it, then every --set.

@@ -216,10 +216,6 @@ void apply_override(nlohmann::json& j, const std::string& assignment);
 // The 1-based line and column in `text` of its `byte`-th character (nlohmann's
 // parse_error::byte, the last character read, counted from 1): where a JSON error is reported.
 std::pair<size_t, size_t> line_and_column(const std::string& text, size_t byte);
-// `xloco config --explain`: every key of the config that `path` with `overrides` loads to, with
-// where its value came from ("default", "recipe", "preset", "file", "--set", or "derived": set from the
-// data or the module, as model.vocab_size from meta.json) and, for a key that does
-// nothing with this config, why (the rule naming the key that governs it; "" otherwise).
 // The recipes: name and when to pick it, in the order of the README's table.
 struct RecipeInfo {
   std::string name;
@@ -227,6 +223,10 @@ struct RecipeInfo {
   std::vector<std::string> sets;  // "key=value", as --set takes them
 };
 const std::vector<RecipeInfo>& recipes();
+// `xloco config --explain`: every key of the config that `path` with `overrides` loads to, with
+// where its value came from ("default", "recipe", "preset", "file", "--set", or "derived": set from the
+// data or the module, as model.vocab_size from meta.json) and, for a key that does
+// nothing with this config, why (the rule naming the key that governs it; "" otherwise).
 struct KeyExplained {
   std::string key;
   std::string value;   // as JSON text

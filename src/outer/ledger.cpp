@@ -205,7 +205,7 @@ std::string RunLedger::advice(const Members& members, double params) const {
   }
   try {
     return advise_run(m);
-  } catch (const common::Error& e) {  // a measurement the rule refuses: no advice, said once
+  } catch (const common::Error& e) {  // a measurement the rule refuses: no advice, and why
     return fmt::format("no advice: {}", e.what());
   }
 }

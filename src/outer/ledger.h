@@ -98,8 +98,8 @@ class RunLedger {
     RoundRecord record;
     bool await_eval = false, await_hash = false;
   };
-  std::deque<Held> held_;
-  std::deque<double> utilization_;  // the last rounds'  // closed rounds whose records are not complete or not written yet
+  std::deque<Held> held_;  // closed rounds whose records are not complete or not written yet
+  std::deque<double> utilization_;  // the last 3 closed rounds', for the advice
   void flush();
   std::function<void(const RoundRecord&)> written_;
   void log_round(const RoundRecord& record);  // its progress line

@@ -1,6 +1,6 @@
 // Applying one relayed round (outer/relay.h apply_relay) to a 101 M-parameter θ, as a provider
-// does each round: K topk frames (the K − 1 it downloads and its own) (176 of every 4096, 2 bits, as the harness's relay runs;
-// K = 4, 16, 64), outer.relay_mean "all", "present" and "clipped" (relay_clip 2; mean = 0, 1,
+// does each round: K topk frames, the K − 1 it downloads and its own (176 of every 4096, 2
+// bits, as the harness's relay runs; K = 4, 16, 64), outer.relay_mean "all", "present" and "clipped" (relay_clip 2; mean = 0, 1,
 // 2), and a memcpy of θ in the same run as the reference. Bytes processed: θ's fp32 bytes per
 // application; counters: one frame's MB and the round's download (K − 1 frames) in MB, against
 // about 101 MB for an aggregated int8 update. The frames are encoded once (about a minute).
