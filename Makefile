@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 XLOCO := $(BUILD)/src/cli/xloco
 
-.PHONY: all setup configure build demo demo-train test bench experiments attack rehearse-scale clean
+.PHONY: all setup configure build demo demo-train test bench experiments attack rehearse-scale rehearse-many clean
 
 all: build
 
@@ -55,6 +55,15 @@ attack: build
 SCALE_ARGS ?=
 rehearse-scale: build
 	bash experiments/rehearse_scale.sh $(XLOCO) $(SCALE_ARGS)
+
+# The head at K = 4, 16, 64 simulated providers (issue 54; ~25 minutes, ~20 GB at K = 64 relay):
+# a real head over CURVE on loopback, its providers replaying pre-encoded topk frames of a
+# 101 M-parameter GPT, int8 and relay downlinks; the table in runs/rehearse-many/table.md.
+# KS="4 16" or DOWNS=int8 narrow it.
+rehearse-many: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DXLOCO_BUILD_BENCH=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS) --target xloco rehearse_many
+	bash experiments/rehearse_many.sh $(XLOCO) $(BUILD)/experiments/bench/outer/rehearse_many
 
 clean:
 	rm -rf $(BUILD)

@@ -329,7 +329,9 @@ def collect(runner, e, extra):
     wall = sum(x["round_wall_s"] for x in steady)
     acc = [x["eval_accuracy"] for x in rounds if "eval_accuracy" in x]
     r.update({"providers": get(cfg, "outer.providers"), "H": H,
-              "codec": f"{get(cfg, 'outer.codec_up')}/{get(cfg, 'outer.codec_down')}",
+              # outer.downlink "relay" was outer.codec_down "relay" before issue 54
+              "codec": f"{get(cfg, 'outer.codec_up')}/" + (
+                  "relay" if cfg["outer"].get("downlink") == "relay" else get(cfg, "outer.codec_down")),
               "sharding": get(cfg, "data.sharding") + (
                   f"({get(cfg, 'data.dirichlet_alpha')})" if get(cfg, "data.sharding") == "dirichlet" else ""),
               "tokens": tokens, "final_eval_loss": summary["final_eval_loss"],

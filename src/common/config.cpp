@@ -33,7 +33,8 @@ template <class E> constexpr std::array<const char*, 0> kNames{};
 template <> constexpr std::array kNames<DatasetKind>{"kjv", "fmnist", "tokens"};
 template <> constexpr std::array kNames<Sharding>{"iid", "books", "dirichlet", "contiguous"};
 template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn", "torchscript"};
-template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk", "relay"};
+template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk"};
+template <> constexpr std::array kNames<Downlink>{"quantized", "relay"};
 template <> constexpr std::array kNames<Kernels>{"fused", "aten"};
 template <> constexpr std::array kNames<Overlap>{"none", "delayed"};
 template <> constexpr std::array kNames<Fold>{"step", "arrival"};
@@ -52,14 +53,22 @@ struct When {
   bool (*holds)(const Config&);
 };
 bool any_topk(const Config& c) {
-  return c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk;
+  return c.outer.codec_up == CodecKind::kTopk ||
+         (c.outer.downlink == Downlink::kQuantized && c.outer.codec_down == CodecKind::kTopk);
 }
 constexpr When kDelayed{"outer.overlap", "outer.overlap = \"delayed\"",
                         [](const Config& c) { return c.outer.overlap != Overlap::kNone; }};
 constexpr When kTopkCodec{"outer.codec_up", "a topk codec (outer.codec_up or outer.codec_down = \"topk\")",
                           any_topk};
 constexpr When kTopkDown{"outer.codec_down", "outer.codec_down = \"topk\"",
-                         [](const Config& c) { return c.outer.codec_down == CodecKind::kTopk; }};
+                         [](const Config& c) {
+                           return c.outer.downlink == Downlink::kQuantized &&
+                                  c.outer.codec_down == CodecKind::kTopk;
+                         }};
+constexpr When kQuantizedDown{"outer.downlink", "outer.downlink = \"quantized\"",
+                              [](const Config& c) { return c.outer.downlink == Downlink::kQuantized; }};
+constexpr When kRelayDown{"outer.downlink", "outer.downlink = \"relay\"",
+                          [](const Config& c) { return c.outer.downlink == Downlink::kRelay; }};
 constexpr When kClipped{"outer.relay_mean", "outer.relay_mean = \"clipped\"",
                         [](const Config& c) { return c.outer.relay_mean == RelayMean::kClipped; }};
 constexpr When kBudget{"outer.round_budget_s", "a time budget (outer.round_budget_s > 0)",
@@ -148,8 +157,11 @@ void visit_fields(Config& c, Visitor&& v) {
   v(agreed("outer.momentum"), c.outer.momentum, Range{0, 0.999999});
   v(agreed("outer.nesterov"), c.outer.nesterov, Flag{});
   v(agreed("outer.codec_up"), c.outer.codec_up, Named{});
-  v(agreed("outer.codec_down"), c.outer.codec_down, Named{});
-  v(later("outer.relay_mean"), c.outer.relay_mean, Named{});
+  // Hashed as outer.codec_down "relay" (config_hash), as relay runs hashed before it was a key.
+  v(later("outer.downlink", nullptr, [](const Config&) { return true; }), c.outer.downlink, Named{});
+  v(Key{"outer.codec_down", Scope::kAgreed, Hash::kWhenApplies, &kQuantizedDown},
+    c.outer.codec_down, Named{});
+  v(later("outer.relay_mean", &kRelayDown), c.outer.relay_mean, Named{});
   v(Key{"outer.relay_clip", Scope::kAgreed, Hash::kWhenApplies, &kClipped}, c.outer.relay_clip,
     Range{0, 1e6});
   v(agreed("outer.block_size"), c.outer.block_size, Range{2, 1 << 20});
@@ -215,7 +227,7 @@ const std::vector<RecipeInfo> kRecipes = {
     {"wan-sparse",
      "links too slow for int8 at your H (`xloco advise` says so): 2-bit top-k up, the accepted "
      "frames relayed down exactly, outer SGD",
-     {"outer.codec_up=topk", "outer.codec_down=relay", "outer.block_size=4096", "outer.topk=176",
+     {"outer.codec_up=topk", "outer.downlink=relay", "outer.block_size=4096", "outer.topk=176",
       "outer.momentum=0", "outer.nesterov=true", "outer.lr=2.5", "outer.lr_end=1.25",
       "outer.ef_decay=0.6", "outer.relay_mean=clipped", "outer.overlap=none"}},
     {"unequal",
@@ -372,18 +384,15 @@ void validate(const Config& c) {
   XLOCO_ENFORCE(c.outer.dead_after_s >= 2 * c.outer.heartbeat_s, ConfigError,
                 "config: outer.dead_after_s = {:g} must be at least twice outer.heartbeat_s = {:g}",
                 c.outer.dead_after_s, c.outer.heartbeat_s);
-  XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kRelay, ConfigError,
-                "config: outer.codec_up = \"relay\": relay is a downlink only (it sends the "
-                "uplink's own frames); pick the uplink's codec");
-  XLOCO_ENFORCE(c.outer.codec_down != CodecKind::kRelay || c.outer.momentum == 0, ConfigError,
-                "config: outer.codec_down = \"relay\" applies outer SGD on every replica: "
+  XLOCO_ENFORCE(c.outer.downlink != Downlink::kRelay || c.outer.momentum == 0, ConfigError,
+                "config: outer.downlink = \"relay\" applies outer SGD on every replica: "
                 "outer.momentum must be 0 (it is {:g})",
                 c.outer.momentum);
-  XLOCO_ENFORCE(c.outer.relay_mean == RelayMean::kAll || c.outer.codec_down == CodecKind::kRelay,
+  XLOCO_ENFORCE(c.outer.relay_mean == RelayMean::kAll || c.outer.downlink == Downlink::kRelay,
                 ConfigError,
                 "config: outer.relay_mean = \"{}\" divides a relayed update: it needs "
-                "outer.codec_down = \"relay\" (it is \"{}\")",
-                name_of(c.outer.relay_mean), name_of(c.outer.codec_down));
+                "outer.downlink = \"relay\" (it is \"{}\")",
+                name_of(c.outer.relay_mean), name_of(c.outer.downlink));
   XLOCO_ENFORCE(c.outer.codec_up != CodecKind::kInt4 || c.outer.block_size % 2 == 0, ConfigError,
                 "config: outer.block_size = {} must be even for int4", c.outer.block_size);
   if (c.outer.codec_up == CodecKind::kTopk || c.outer.codec_down == CodecKind::kTopk) {
@@ -413,8 +422,8 @@ void validate(const Config& c) {
                 "a round may take)", c.outer.min_inner_steps, c.outer.inner_steps);
   // Features meant to go together that were never measured together are refused until they
   // are (experiments/RESULTS.md, "Recipes": the sparse relay with overlap was measured).
-  XLOCO_ENFORCE(c.outer.fragments == 1 || c.outer.codec_down != CodecKind::kRelay, ConfigError,
-                "config: outer.fragments = {} with outer.codec_down = \"relay\" has not been "
+  XLOCO_ENFORCE(c.outer.fragments == 1 || c.outer.downlink != Downlink::kRelay, ConfigError,
+                "config: outer.fragments = {} with outer.downlink = \"relay\" has not been "
                 "measured together; use one of them (recipe \"wan-sparse\" is relay with "
                 "fragments 1)", c.outer.fragments);
   XLOCO_ENFORCE(c.outer.round_budget_s == 0 || !any_topk(c), ConfigError,
@@ -520,6 +529,13 @@ void infer_dataset(json& j) {
 
 Config parse_config(const json& user) {
   XLOCO_ENFORCE(user.is_object(), ConfigError, "config: top level must be a JSON object");
+  for (const char* key : {"outer.codec_down", "outer.codec_up"}) {
+    const json* v = find_dotted(user, key);
+    XLOCO_ENFORCE(v == nullptr || *v != "relay", ConfigError,
+                  "config: {} = \"relay\": relay is no longer a codec; set outer.downlink = "
+                  "\"relay\" instead (the providers' frames are relayed as they were sent, and "
+                  "outer.codec_down goes unused)", key);
+  }
   const json j = with_recipe(user);
   Config c;
   // A preset sets its model fields first; fields given next to it are parsed after and win.
@@ -693,6 +709,7 @@ const char* to_string(DatasetKind kind) { return name_of(kind); }
 const char* to_string(Sharding sharding) { return name_of(sharding); }
 const char* to_string(ModelKind kind) { return name_of(kind); }
 const char* to_string(CodecKind kind) { return name_of(kind); }
+const char* to_string(Downlink downlink) { return name_of(downlink); }
 const char* to_string(Kernels kernels) { return name_of(kernels); }
 const char* to_string(Overlap overlap) { return name_of(overlap); }
 const char* to_string(Fold fold) { return name_of(fold); }
@@ -750,6 +767,9 @@ std::string config_hash(const Config& c) {
     }
   });
   if (!c.model.file_hash.empty()) j["model"]["module_blake2b"] = c.model.file_hash;
+  // outer.downlink "relay" hashes as outer.codec_down "relay" did before it was a key of its
+  // own, so that relay runs' checkpoints resume.
+  if (c.outer.downlink == Downlink::kRelay) j["outer"]["codec_down"] = "relay";
   const std::string text = json_dump(j);
   return hash_hex(text.data(), text.size());
 }

@@ -17,7 +17,10 @@ namespace xloco::common {
 enum class DatasetKind { kKjv, kFmnist, kTokens };
 enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
 enum class ModelKind { kGpt, kCnn, kTorchScript };
-enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk, kRelay };  // relay: downlink only
+enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk };
+// How a round's update reaches the providers (outer/downlink.h): requantized by
+// outer.codec_down, or the round's accepted uplink frames themselves (outer/relay.h).
+enum class Downlink { kQuantized, kRelay };
 enum class Kernels { kFused, kAten };
 enum class Overlap { kNone, kDelayed };
 enum class Fold { kStep, kArrival };
@@ -26,6 +29,7 @@ const char* to_string(DatasetKind kind);
 const char* to_string(Sharding sharding);
 const char* to_string(ModelKind kind);
 const char* to_string(CodecKind kind);
+const char* to_string(Downlink downlink);
 const char* to_string(Kernels kernels);
 const char* to_string(Overlap overlap);
 const char* to_string(Fold fold);
@@ -94,9 +98,11 @@ struct OuterConfig {
   double momentum = 0.9;         // outer momentum
   bool nesterov = true;          // Nesterov momentum (DiLoCo)
   CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4 | topk
-  CodecKind codec_down = CodecKind::kInt8;  // head -> provider update; also "relay": the round's
-                                            // uplink frames themselves (outer/relay.h; SGD only)
-  // With codec_down "relay", what each element of the relayed sum is divided by. "all": the
+  // "quantized": θ_true − θ_pub requantized by codec_down; "relay": the round's accepted uplink
+  // frames themselves, applied alike on every replica (outer/relay.h; outer SGD only).
+  Downlink downlink = Downlink::kQuantized;
+  CodecKind codec_down = CodecKind::kInt8;  // head -> provider update (downlink "quantized")
+  // With downlink "relay", what each element of the relayed sum is divided by. "all": the
   // weight of every frame (the plain mean: an element one provider of K sent moves by lr/K of
   // its value). "present": the weight of the frames whose value there is not zero (a sparse
   // uplink's elements move by lr × the mean of those who sent them). "clipped": the weight of

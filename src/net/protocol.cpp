@@ -100,7 +100,11 @@ void write(const Contribution& m, json& h, Message& frames) {
   if (m.train_loss >= 0) h["train_loss"] = m.train_loss;
   frames.push_back(m.payload);
 }
-void write(const Update& m, json&, Message& frames) { frames.push_back(m.payload); }
+void write(const Update& m, json& h, Message& frames) {
+  if (!m.parts.empty()) h["parts"] = m.parts.size();
+  frames.push_back(m.payload);
+  frames.insert(frames.end(), m.parts.begin(), m.parts.end());
+}
 void write(const Bye& m, json& h, Message&) { h["reason"] = m.reason; }
 void write(const ErrorReply& m, json& h, Message&) {
   h["code"] = to_string(m.code);
@@ -111,6 +115,20 @@ template <typename T> constexpr std::size_t kBinaryFrames = 0;
 template <> constexpr std::size_t kBinaryFrames<Welcome> = 1;
 template <> constexpr std::size_t kBinaryFrames<Contribution> = 1;
 template <> constexpr std::size_t kBinaryFrames<Update> = 1;
+
+// The binary frames a message of type T carries: fixed, but for an UPDATE's relayed parts.
+template <typename T>
+std::size_t binary_frames(const json&) { return kBinaryFrames<T>; }
+template <>
+std::size_t binary_frames<Update>(const json& h) {
+  if (!h.contains("parts")) return 1;
+  const auto parts = unsigned_field(h, "parts");
+  if (parts == 0 || parts > kMaxUpdateParts) {
+    fail(ProtocolErrorKind::kBadField,
+         fmt::format("\"parts\" {} is not between 1 and {}", parts, kMaxUpdateParts));
+  }
+  return 1 + parts;
+}
 
 // `frames` are the binary frames, already counted.
 Hello read(const json& h, const Message&, Hello*) {
@@ -154,7 +172,9 @@ Contribution read(const json& h, const Message& frames, Contribution*) {
   c.payload = frames[1];
   return c;
 }
-Update read(const json&, const Message& frames, Update*) { return {frames[1]}; }
+Update read(const json&, const Message& frames, Update*) {
+  return {frames[1], Message(frames.begin() + 2, frames.end())};
+}
 Bye read(const json& h, const Message&, Bye*) { return {string_field(h, "reason")}; }
 ErrorReply read(const json& h, const Message&, ErrorReply*) {
   const std::string code = string_field(h, "code");
@@ -168,9 +188,10 @@ Body read_body(std::size_t index, const json& header, const Message& message) {
   if constexpr (I < std::variant_size_v<Body>) {
     if (index != I) return read_body<I + 1>(index, header, message);
     using T = std::variant_alternative_t<I, Body>;
-    if (message.size() != 1 + kBinaryFrames<T>) {
+    const std::size_t expected = binary_frames<T>(header);
+    if (message.size() != 1 + expected) {
       fail(ProtocolErrorKind::kWrongFrameCount,
-           fmt::format("{} carries {} binary frame(s), got {}", kTypeNames[I], kBinaryFrames<T>,
+           fmt::format("{} carries {} binary frame(s), got {}", kTypeNames[I], expected,
                        message.size() - 1));
     }
     return read(header, message, static_cast<T*>(nullptr));

@@ -153,9 +153,10 @@ Advice advise(const AdviseInput& in) {
                                   "update: topk up, int8 down)", k, k - 1)
                     : "");
   }
-  best.set_flags = fmt::format("--set outer.inner_steps={} --set outer.codec_up={} --set "
-                               "outer.codec_down={}",
-                               best.inner_steps, best.codec_up, best.codec_down);
+  best.set_flags = fmt::format("--set outer.inner_steps={} --set outer.codec_up={} --set {}",
+                               best.inner_steps, best.codec_up,
+                               best.codec_down == "relay" ? std::string("outer.downlink=relay")
+                                                          : "outer.codec_down=" + best.codec_down);
   if (best.codec_up == "topk") {
     best.set_flags += " --set outer.block_size=4096 --set outer.topk=176";
   }
@@ -252,11 +253,11 @@ std::string relay_download_warning(int providers, const std::string& codec_up, i
   if (providers < 2 || relayed <= kInt8Bytes) return "";
   const int break_even = 1 + static_cast<int>(std::floor(kInt8Bytes / per_frame));
   return fmt::format(
-      "outer.codec_down \"relay\" with K = {}: each provider downloads {} frames a round, about "
+      "outer.downlink \"relay\" with K = {}: each provider downloads {} frames a round, about "
       "{:.2f} bytes a parameter, against {:.1f} for an aggregated int8 update; relay is the "
       "smaller downlink only up to K = {} (measured at 101 M parameters, K = 64: 250.7 MB against "
-      "about 101 MB; experiments/RESULTS.md, issue 54). Set outer.codec_down = \"int8\" for fewer "
-      "bytes",
+      "about 101 MB; experiments/RESULTS.md, issue 54). Set outer.downlink = \"quantized\" "
+      "(outer.codec_down = \"int8\") for fewer bytes",
       providers, providers - 1, relayed, kInt8Bytes, break_even);
 }
 

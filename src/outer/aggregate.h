@@ -82,7 +82,7 @@ TrustRegion trust_region_of(const common::Config& config);
 class Aggregator {
  public:
   // `norm_bound`: outer.norm_bound (0: norms are not judged). `keep_frames`: keep each
-  // accepted frame with its weight until the next round (outer.codec_down "relay" sends them)
+  // accepted frame with its weight until the next round (outer.downlink "relay" sends them)
   // *instead of* adding it into Δ: the relay applies the frames themselves (relay.h), so Δ is
   // never computed (delta() stays undefined) and a frame is decoded once on arrival, for its
   // norm and checks (Decoder::norm checks what decode does), not a second time into Δ.

@@ -109,13 +109,17 @@ struct RoundFields {
   std::map<std::string, double> scores;      // provider → loss change alone (outer.score)
   int trust_scaled = 0;                      // tensors outer.trust_region scaled
   double trust_ratio = 0;                    // largest ‖lr·Δₜ‖ / trust radius, before scaling
+  // The head closing it: from its close to the updates queued and θ_pub rehashed, in wall time
+  // and in the CPU time of the head's loop thread (the links encrypt on their own threads).
+  double close_s = 0, close_cpu_s = 0;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RoundFields, round, participants, tokens, reason,
                                                 bytes_up, bytes_down, update_bytes, round_s,
                                                 compute_s, comm_s, frames, deadline_s,
                                                 late_contributions, round_wall_s, sync_overhead,
                                                 theta_pub_hash, refused, discarded, clipped,
-                                                scores, trust_scaled, trust_ratio)
+                                                scores, trust_scaled, trust_ratio, close_s,
+                                                close_cpu_s)
 struct RoundRecord : RoundFields {
   std::optional<double> eval_loss;       // when the round was evaluated
   std::optional<double> eval_accuracy;   // cnn

@@ -30,9 +30,9 @@ GlobalModel::GlobalModel(const common::Config& config, const std::string& init)
       data_(inner::make_dataset(config, {0, 1})),
       evaluator_(std::make_unique<inner::InnerTrainer>(config, inner::make_model(config), solo_,
                                                        torch::Device(torch::kCPU))),
-      aggregator_(evaluator_->layout(), config.outer.norm_bound,
-                  config.outer.codec_down == common::CodecKind::kRelay, config.outer.norm_clip),
-      down_enc_(downlink_codec(config.outer)),
+      downlink_(make_downlink(config)),
+      aggregator_(evaluator_->layout(), config.outer.norm_bound, downlink_->keeps_frames(),
+                  config.outer.norm_clip),
       state_enc_(full_state_codec()) {
   opt_ = std::make_unique<OuterOptimizer>(config.outer, layout().numel, layout().buffers_offset);
   fragments_ = split_fragments(layout(), config.outer.fragments);
@@ -89,39 +89,15 @@ Aggregator::Score GlobalModel::score(const std::string& peer, const net::Frame& 
 }
 
 std::int64_t GlobalModel::max_update_bytes() const {
-  std::uint64_t payload = 0;
-  const bool relay = relaying();
-  // relay: up to every provider's uplink frame (relay.h), each no larger than its payload.
-  const auto codec = relay ? uplink_codec(config_.outer) : downlink_codec(config_.outer);
-  for (const auto& s : layout().slots) {
-    payload += compress::tensor_payload_bytes(codec.codec, static_cast<std::uint64_t>(s.numel),
-                                              codec.block_size, codec.topk, codec.topk_bits);
-  }
-  const auto frames = relay ? static_cast<std::uint64_t>(config_.outer.providers) : 1;
-  return static_cast<std::int64_t>(frames * payload) + (std::int64_t{1} << 20);
+  return downlink_->max_update_bytes(layout());
 }
 
-bool GlobalModel::relaying() const {
-  return config_.outer.codec_down == common::CodecKind::kRelay;
+net::Update GlobalModel::update_for(const std::string& peer, const net::Update& update) const {
+  return downlink_->for_peer(peer, update);
 }
 
-net::Frame GlobalModel::update_for(const std::string& peer, const net::Frame& update) const {
-  if (!relaying()) return update;
-  const RelayBundle b = read_relay(update);  // views into `update`: no frame is copied
-  for (const auto& p : b.parts) {
-    if (p.peer == peer) return net::Frame(write_relay(b, peer));
-  }
-  return update;  // it did not contribute: every frame
-}
-
-void GlobalModel::apply_to_pub(const net::Frame& update, const Fragment& part) {
-  if (relaying()) {
-    // θ_true took the same relay already (close_round); θ_pub was θ_true before it, so the
-    // same arithmetic on the same values gives θ_true's values: copy them.
-    theta_pub().narrow(0, part.begin, part.numel()).copy_(theta_true_.narrow(0, part.begin, part.numel()));
-    return;
-  }
-  apply_update(dec_, update.data(), update.size(), config_.outer, theta_pub(), part.layout);
+void GlobalModel::apply_to_pub(const net::Update& update, const Fragment& part) {
+  downlink_->apply_to_pub(update, theta_pub(), theta_true_, part);
 }
 
 void GlobalModel::rehash() {
@@ -140,13 +116,13 @@ net::Frame GlobalModel::full_state() {
 
 std::vector<std::pair<uint64_t, net::Body>> GlobalModel::join_messages(int shard, SyncAction sync) {
   std::vector<std::pair<uint64_t, net::Body>> out;
-  if (sync == SyncAction::kUpdate) out.emplace_back(pub_round_, net::Update{last_update_});
+  if (sync == SyncAction::kUpdate) out.emplace_back(pub_round_, last_update_);
   net::Welcome w;
   w.shard_index = static_cast<uint32_t>(shard);
   w.shard_count = config_.outer.shared_data ? 1u : static_cast<uint32_t>(config_.outer.providers);
   if (sync == SyncAction::kFullState) w.state = full_state();
   out.emplace_back(pub_round_, std::move(w));
-  if (!pending_.empty()) out.emplace_back(pub_round_ + 1, net::Update{pending_});
+  if (!pending_.empty()) out.emplace_back(pub_round_ + 1, pending_);
   return out;
 }
 
@@ -206,72 +182,14 @@ GlobalModel::Closed GlobalModel::close_round() {
   out.accepted = aggregator_.added();
   out.clipped = aggregator_.clipped();
   out.scores = aggregator_.scores();
-  torch::Tensor& delta = aggregator_.delta();
   const Fragment& part = fragment(pub_round_ + 1);  // the round closing
   const double lr = outer_lr(config_.outer, pub_round_ + 1, common::total_rounds(config_));
   opt_->set_lr(lr);
-  if (relaying()) {
-    // The update is the accepted frames themselves (relay.h): θ_true takes them as every
-    // provider will; no downlink residual, so θ_pub becomes θ_true exactly.
-    RelayBundle relay{static_cast<float>(lr), aggregator_.weight_sum(), {}};
-    for (const auto& k : aggregator_.kept()) {
-      relay.parts.push_back({k.peer, k.weight, k.frame, false, k.clip});
-    }
-    if (const auto at = apply_relay(dec_, relay, theta_true_, part.layout,
-                                    config_.outer.relay_mean, config_.outer.relay_clip,
-                                    relay_buf_, trust_region_of(config_))) {
-      const auto& slot = layout().slot_at(*at);
-      out.discarded = fmt::format(
-          "the relayed step would make {}[{}] non-finite (θ {}): round discarded, θ kept",
-          slot.name, *at - slot.offset, theta_true_[*at].item<float>());
-      relay.parts.clear();
-    }
-    out.trust_scaled = relay_buf_.trust_scaled;
-    out.trust_ratio = relay_buf_.trust_ratio;
-    out.update = net::Frame(write_relay(relay));
-  } else if (aggregator_.added() > 0) {
-    // The trust region (aggregate.h): each trained tensor's lr·Δₜ scaled into it, before the
-    // step, so that the momentum takes the bounded Δ too.
-    const TrustRegion region = trust_region_of(config_);
-    if (region.tau > 0) {
-      const int64_t trained = layout().trained_numel();
-      float* d = delta.data_ptr<float>();
-      const float* t = theta_true_.data_ptr<float>();
-      for (const auto& s : part.layout.slots) {
-        if (s.offset >= trained) continue;
-        const auto v = trust_verdict(d + s.offset, t + s.offset, s.numel, lr, region);
-        out.trust_ratio = std::max(out.trust_ratio, v.ratio);
-        if (v.scale == 1.0f) continue;
-        ++out.trust_scaled;
-        for (int64_t i = s.offset; i < s.offset + s.numel; ++i) d[i] = v.scale * d[i];
-      }
-    }
-    if (const auto at = opt_->non_finite_at(theta_true_, delta, part.begin, part.end)) {
-      const auto& slot = layout().slot_at(*at);
-      out.discarded = fmt::format(
-          "the outer step would make {}[{}] non-finite (Δ there {}, θ {}): round discarded, θ and "
-          "the momentum kept",
-          slot.name, *at - slot.offset, delta[*at].item<float>(), theta_true_[*at].item<float>());
-    } else {
-      opt_->step(theta_true_, delta, part.begin, part.end);
-    }
-  }
-
-  // The update carries the round's fragment alone; the other fragments' downlink residuals
-  // (θ_true − θ_pub there) wait for their own rounds.
-  if (!relaying()) {
-    std::vector<uint8_t> frame;
-    if (config_.outer.codec_down == common::CodecKind::kFp32) {
-      compress::encode(down_enc_, part.layout, theta_true_, frame);
-    } else {
-      if (!delta.defined()) delta = torch::empty_like(theta_true_);
-      auto d = delta.narrow(0, part.begin, part.numel());  // Δ is spent: reuse its memory
-      torch::sub_out(d, theta_true_.narrow(0, part.begin, part.numel()),
-                     theta_pub().narrow(0, part.begin, part.numel()));
-      compress::encode(down_enc_, part.layout, delta, frame);
-    }
-    out.update = net::Frame(std::move(frame));
-  }
+  HeadStep step = downlink_->close({aggregator_, *opt_, theta_true_, theta_pub(), layout(), part, lr});
+  out.update = std::move(step.update);
+  out.discarded = std::move(step.discarded);
+  out.trust_scaled = step.trust_scaled;
+  out.trust_ratio = step.trust_ratio;
   out.deferred = evaluating();
   if (out.deferred) {
     pending_ = out.update;  // θ_pub is being read: the update waits for the evaluation to end

@@ -34,9 +34,9 @@
 #include "net/protocol.h"
 #include "outer/aggregate.h"
 #include "outer/documents.h"
+#include "outer/downlink.h"
 #include "outer/membership.h"
 #include "outer/outer_opt.h"
-#include "outer/relay.h"
 #include "outer/sync.h"
 
 namespace xloco::outer {
@@ -55,14 +55,12 @@ class GlobalModel {
   double param_bytes() const { return static_cast<double>(layout().bytes()); }
   // The largest codec frame of this model: every parameter in fp32 plus header and tables.
   std::int64_t max_frame_bytes() const { return layout().bytes() + (std::int64_t{1} << 20); }
-  // The largest UPDATE frame: the downlink codec's bytes per value, plus header and tables
-  // (relay: every provider's uplink frame).
+  // The largest UPDATE, all its frames: the downlink codec's bytes per value, plus header and
+  // tables (relay: every provider's uplink frame).
   std::int64_t max_update_bytes() const;
-  // outer.codec_down "relay" (relay.h).
-  bool relaying() const;
   // What `peer` is sent of round's `update` (close_round): the update itself, or with relay
-  // the bundle without `peer`'s own frame when that is in it.
-  net::Frame update_for(const std::string& peer, const net::Frame& update) const;
+  // the same frames without `peer`'s own when that is among them (downlink.h).
+  net::Update update_for(const std::string& peer, const net::Update& update) const;
 
   // The round whose θ_pub is in memory, and its hash now and before the last update applied
   // (what rejoining providers are judged by).
@@ -84,9 +82,9 @@ class GlobalModel {
 
   Aggregator& aggregator() { return aggregator_; }
   // Closes the round (design §2): Δ from the aggregator, θ_true ← OuterOpt(θ_true, Δ),
-  // u ← Q_down(θ_true − θ_pub), θ_pub ← θ_pub + deq(u). With outer.codec_down "relay", u is
-  // the bundle of the accepted uplink frames (relay.h), θ_true takes it as the providers do,
-  // and θ_pub = θ_true (update_for cuts each provider's copy). Returns u's frame, which is also kept
+  // u ← Q_down(θ_true − θ_pub), θ_pub ← θ_pub + deq(u). With outer.downlink "relay", u is
+  // the accepted uplink frames (relay.h), θ_true takes them as the providers do, and
+  // θ_pub = θ_true (update_for leaves each provider's own out; downlink.h). Returns u, also kept
   // as last_update(), and the contributions that failed to decode at the last moment. A round
   // with nothing in Δ leaves θ_true alone and sends only the downlink residual.
   // While an evaluation runs, θ_pub keeps its value and the update waits (`deferred`); the
@@ -95,7 +93,7 @@ class GlobalModel {
   // stay as they were (the update carries only the downlink residual), and `discarded` says
   // where and why. What poisons a round never reaches θ, θ_pub or a checkpoint.
   struct Closed {
-    net::Frame update;
+    net::Update update;
     std::vector<Aggregator::Rejected> rejected;
     bool deferred = false;
     std::optional<std::string> discarded;
@@ -133,7 +131,7 @@ class GlobalModel {
  private:
   HeadCheckpointState load_checkpoint(const std::string& dir, const std::string& config_hash);
   // θ_pub ← θ_pub + the update (its fragment): apply_update, or with relay θ_true's values.
-  void apply_to_pub(const net::Frame& update, const Fragment& part);
+  void apply_to_pub(const net::Update& update, const Fragment& part);
   // outer.score (Aggregator::Scorer): the loss on the score batches of θ_true − lr·clip·deq(frame)
   // against θ_true's (measured once a round), on a model of its own: θ_pub's evaluator may be
   // running on its thread meanwhile.
@@ -146,12 +144,12 @@ class GlobalModel {
   torch::Tensor theta_true_;
   std::unique_ptr<OuterOptimizer> opt_;
   std::vector<Fragment> fragments_;
+  std::unique_ptr<Downlink> downlink_;  // outer.downlink: how a round reaches θ_pub
   Aggregator aggregator_;
-  compress::Encoder down_enc_, state_enc_;
+  compress::Encoder state_enc_;
   compress::Decoder dec_;
-  RelayBuffers relay_buf_;  // relay: apply_relay's scratch
-  net::Frame last_update_;   // the last update applied to θ_pub
-  net::Frame pending_;       // an update waiting for an evaluation to end
+  net::Update last_update_;   // the last update applied to θ_pub
+  net::Update pending_;       // an update waiting for an evaluation to end
   uint64_t pub_round_ = 0;
   std::thread eval_thread_;
   std::atomic<bool> eval_done_{false}, eval_cancel_{false};

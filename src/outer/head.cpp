@@ -131,6 +131,8 @@ void Head::Impl::start_round() {
 }
 
 void Head::Impl::close_round(const std::string& reason) {
+  const auto wall0 = Clock::now();
+  const double cpu0 = thread_cpu_s();
   // A round never waits for an evaluation: one still holding an update back is cancelled.
   if (model.has_pending()) evaluated(*model.end_evaluation(false, true));
   for (const auto& t : stragglers(round, reason)) set_state(t);
@@ -142,9 +144,9 @@ void Head::Impl::close_round(const std::string& reason) {
   }
   for (auto& [name, m] : members) {
     if (!is_live(m.state)) continue;
-    net::Frame update = model.update_for(name, closed.update);  // relay: without its own frame
-    const size_t bytes = update.size();
-    send(name, net::Update{std::move(update)}, round.round);
+    net::Update update = model.update_for(name, closed.update);  // relay: without its own frame
+    const size_t bytes = update.bytes();
+    send(name, std::move(update), round.round);
     ledger.count_down(m, bytes);
   }
   in_round = false;
@@ -158,7 +160,7 @@ void Head::Impl::close_round(const std::string& reason) {
     spdlog::warn("round {}: no contribution accepted ({} refused): theta unchanged", round.round,
                  closed.rejected.size());
   }
-  RoundRecord rec = ledger.close_round(round, why, members, closed.update.size());
+  RoundRecord rec = ledger.close_round(round, why, members, closed.update.bytes());
   const bool last = static_cast<int>(done_rounds) >= total;
   rec.round_wall_s = seconds_since(round.started);  // its ROUND_START to the next one
   rec.sync_overhead = std::max(0.0, 1.0 - rec.compute_s / rec.round_wall_s);
@@ -167,6 +169,8 @@ void Head::Impl::close_round(const std::string& reason) {
   // for either: both overlap the providers' inner steps.
   if (!last) try_start_round();
   if (!closed.deferred) model.rehash();
+  rec.close_s = seconds_since(wall0);
+  rec.close_cpu_s = thread_cpu_s() - cpu0;
   rec.theta_pub_hash = closed.deferred ? "" : model.pub_hash();
   rec.discarded = closed.discarded.value_or("");
   for (const auto& [peer, clip] : closed.clipped) rec.clipped[peer] = clip;

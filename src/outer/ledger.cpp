@@ -33,15 +33,15 @@ void RunLedger::announce() const {
   spdlog::info("head: run {} | {} rounds of H={} | codec up {} down {} | outer lr {}{} | waiting for {} "
                "providers",
                config_.run.name, total_, o.inner_steps, common::to_string(o.codec_up),
-               common::to_string(o.codec_down), o.lr,
+               o.downlink == common::Downlink::kRelay ? "relay" : common::to_string(o.codec_down), o.lr,
                o.lr_end >= 0 ? fmt::format(" falling to {} at the last round", o.lr_end) : "",
                o.providers);
-  if (o.codec_down == common::CodecKind::kRelay && o.relay_mean == common::RelayMean::kPresent) {
+  if (o.downlink == common::Downlink::kRelay && o.relay_mean == common::RelayMean::kPresent) {
     spdlog::warn("outer.relay_mean \"present\": an element only one provider sent moves by its whole "
                  "(clipped) value, not 1/K of it; with providers you do not trust use \"clipped\" or "
                  "\"all\" (README, threat model)");
   }
-  if (o.codec_down == common::CodecKind::kRelay) {
+  if (o.downlink == common::Downlink::kRelay) {
     const std::string w = relay_download_warning(o.providers, common::to_string(o.codec_up), o.topk,
                                                  o.block_size);
     if (!w.empty()) spdlog::warn("{}", w);

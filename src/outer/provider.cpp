@@ -34,7 +34,7 @@
 #include "outer/link.h"
 #include "outer/pace.h"
 #include "outer/sync.h"
-#include "outer/relay.h"
+#include "outer/downlink.h"
 
 namespace xloco::outer {
 namespace fs = std::filesystem;
@@ -81,7 +81,7 @@ class Leader {
       auto env = link_.next(std::chrono::milliseconds(200));
       if (!env) continue;
       if (auto* u = std::get_if<net::Update>(&env->body)) {
-        if (const auto problem = take_update(u->payload, env->round, theta_pub)) {
+        if (const auto problem = take_update(*u, env->round, theta_pub)) {
           // The WELCOME that follows is judged by the hash the HELLO sent: it brings the state.
           spdlog::warn("provider {}: {}; waiting for the WELCOME", opts_.name, *problem);
           continue;
@@ -140,7 +140,7 @@ class Leader {
       switch (v.action) {
         case LeaderAction::kRunRound: return env->round;
         case LeaderAction::kApplyUpdate:
-          if (const auto problem = take_update(std::get<net::Update>(env->body).payload, env->round, theta_pub)) {
+          if (const auto problem = take_update(std::get<net::Update>(env->body), env->round, theta_pub)) {
             resync(theta_pub, *problem);  // the head sends what it lacks
             break;
           }
@@ -176,11 +176,7 @@ class Leader {
     c.compute_s = compute_s;
     c.train_loss = train_loss;
     c.payload = net::Frame(std::move(frame));
-    // outer.codec_down "relay" sends each provider the others' frames only: it keeps its own.
-    if (cfg_.outer.codec_down == common::CodecKind::kRelay) {
-      sent_.erase(sent_.begin(), sent_.lower_bound(r > 2 ? r - 2 : 0));
-      sent_[r] = c.payload;
-    }
+    downlink_->sent(r, c.payload);  // relay sends each provider the others' frames only
     link_.post(c, r);
   }
 
@@ -218,31 +214,12 @@ class Leader {
   }
 
   // θ_pub from the head: round r's update applied to it (its fragment's tensors), or a full
-  // state in its place; both counted. A relayed update (relay.h) names this provider's own
-  // frame instead of carrying it; without that frame (or when the result is not finite, which
-  // the head would not have sent) θ_pub is left as it was and the reason returned.
-  std::optional<std::string> take_update(const net::Frame& u, uint64_t r, torch::Tensor& theta_pub) {
-    bytes_down_ += static_cast<double>(u.size());
-    if (cfg_.outer.codec_down != common::CodecKind::kRelay) {
-      apply_update(dec_, u.data(), u.size(), cfg_.outer, theta_pub, fragment(r).layout);
-      return std::nullopt;
-    }
-    RelayBundle b = read_relay(u);
-    for (RelayPart& p : b.parts) {
-      if (!p.own) continue;
-      const auto it = sent_.find(r);
-      if (p.peer != opts_.name || it == sent_.end()) {
-        return fmt::format("round {}'s relayed update leaves out {}'s frame, which this provider "
-                           "does not hold", r, p.peer);
-      }
-      p.frame = it->second;
-    }
-    if (const auto at = apply_relay(dec_, b, theta_pub, fragment(r).layout,
-                                    cfg_.outer.relay_mean, cfg_.outer.relay_clip,
-                                    relay_buf_, trust_region_of(cfg_))) {
-      return fmt::format("round {}'s relayed update makes element {} non-finite", r, *at);
-    }
-    return std::nullopt;
+  // state in its place; both counted. Without what the update needs (a relayed update's own
+  // frame), or when the result is not finite (which the head would not have sent), θ_pub is
+  // left as it was and the reason returned (downlink.h).
+  std::optional<std::string> take_update(const net::Update& u, uint64_t r, torch::Tensor& theta_pub) {
+    bytes_down_ += static_cast<double>(u.bytes());
+    return downlink_->take(u, r, opts_.name, theta_pub, fragment(r).layout);
   }
   void take_state(const net::Frame& state, torch::Tensor& theta_pub, const common::FlatLayout& layout) {
     compress::decode(dec_, state.data(), state.size(), layout, theta_pub);
@@ -298,8 +275,7 @@ class Leader {
   Link link_;
   compress::Encoder up_;
   compress::Decoder dec_;
-  std::map<uint64_t, net::Frame> sent_;  // its last contributions by round (relay.h fills them in)
-  RelayBuffers relay_buf_;  // apply_relay's scratch
+  std::unique_ptr<Downlink> downlink_ = make_downlink(cfg_);  // outer.downlink's provider side
   std::vector<Fragment> fragments_;  // outer.fragments' groups of this model (set at join)
   LeaderState state_;
   uint64_t tokens_ = 0;

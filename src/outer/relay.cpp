@@ -48,17 +48,27 @@ class Reader {
 
 }  // namespace
 
-bool is_relay_bundle(const uint8_t* data, size_t size) {
-  return size >= sizeof(kRelayMagic) && std::memcmp(data, kRelayMagic, sizeof(kRelayMagic)) == 0;
+RelayRule relay_rule_of(const common::Config& config) {
+  return {config.outer.relay_mean, config.outer.relay_clip, trust_region_of(config)};
 }
 
-std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiver) {
+bool is_relay_update(const net::Update& u) {
+  return u.payload.size() >= sizeof(kRelayMagic) &&
+         std::memcmp(u.payload.data(), kRelayMagic, sizeof(kRelayMagic)) == 0;
+}
+
+net::Update write_relay(const RelayBundle& b, const std::string& receiver) {
+  net::Update u;
   std::vector<uint8_t> out(kRelayMagic, kRelayMagic + sizeof(kRelayMagic));
   put<uint16_t>(out, kRelayVersion);
   put<uint16_t>(out, 0);
   put<uint32_t>(out, static_cast<uint32_t>(b.parts.size()));
   put<float>(out, b.lr);
   put<double>(out, b.weight_sum);
+  put<uint8_t>(out, static_cast<uint8_t>(b.rule.mean));
+  put<double>(out, b.rule.clip);
+  put<double>(out, b.rule.trust.tau);
+  put<double>(out, b.rule.trust.floor);
   for (const RelayPart& p : b.parts) {
     const bool own = p.own || (!receiver.empty() && p.peer == receiver);
     put<uint16_t>(out, static_cast<uint16_t>(p.peer.size()));
@@ -66,42 +76,55 @@ std::vector<uint8_t> write_relay(const RelayBundle& b, const std::string& receiv
     put<double>(out, p.weight);
     put<float>(out, p.clip);
     put<uint8_t>(out, own ? 1 : 0);
-    const uint64_t bytes = own ? 0 : p.frame.size();
-    put<uint64_t>(out, bytes);
-    if (!own) out.insert(out.end(), p.frame.data(), p.frame.data() + bytes);
+    put<uint64_t>(out, own ? 0 : p.frame.size());
+    if (!own) u.parts.push_back(p.frame);  // the received buffer itself
   }
-  return out;
+  u.payload = net::Frame(std::move(out));
+  return u;
 }
 
-RelayBundle read_relay(const net::Frame& bundle) {
-  Reader r(bundle);
+RelayBundle read_relay(const net::Update& u) {
+  const net::Frame& header = u.payload;
+  Reader r(header);
   r.need(sizeof(kRelayMagic), "the magic");
-  XLOCO_FRAME_ENFORCE(is_relay_bundle(bundle.data(), bundle.size()), kBadMagic,
-                      "not a relay bundle (magic)");
+  XLOCO_FRAME_ENFORCE(is_relay_update(u), kBadMagic, "not a relayed update (magic)");
   r.skip(sizeof(kRelayMagic));
   const auto version = r.get<uint16_t>("the version");
   XLOCO_FRAME_ENFORCE(version == kRelayVersion, kBadVersion,
-                      "relay bundle version {}, this build reads version {}", version,
+                      "relayed update version {}, this build reads version {}", version,
                       kRelayVersion);
   r.get<uint16_t>("the reserved field");
   const auto count = r.get<uint32_t>("the part count");
-  XLOCO_FRAME_ENFORCE(count <= kMaxRelayParts, kOverLimit, "relay bundle of {} parts, limit {}",
+  XLOCO_FRAME_ENFORCE(count <= kMaxRelayParts, kOverLimit, "relayed update of {} parts, limit {}",
                       count, kMaxRelayParts);
   RelayBundle b;
   b.lr = r.get<float>("the outer rate");
   b.weight_sum = r.get<double>("the weight sum");
   XLOCO_FRAME_ENFORCE(std::isfinite(b.lr) && b.lr >= 0, kCorrupt,
-                      "relay bundle: outer rate {} is not a finite rate", b.lr);
+                      "relayed update: outer rate {} is not a finite rate", b.lr);
   XLOCO_FRAME_ENFORCE(std::isfinite(b.weight_sum) && (count == 0 || b.weight_sum > 0), kCorrupt,
-                      "relay bundle: weight sum {} for {} parts", b.weight_sum, count);
+                      "relayed update: weight sum {} for {} parts", b.weight_sum, count);
+  const auto mean = r.get<uint8_t>("the relay mean");
+  XLOCO_FRAME_ENFORCE(mean <= static_cast<uint8_t>(common::RelayMean::kClipped), kCorrupt,
+                      "relayed update: relay mean {} is none of all, present, clipped", mean);
+  b.rule.mean = static_cast<common::RelayMean>(mean);
+  b.rule.clip = r.get<double>("the relay clip");
+  b.rule.trust.tau = r.get<double>("the trust region");
+  b.rule.trust.floor = r.get<double>("the trust floor");
+  XLOCO_FRAME_ENFORCE(std::isfinite(b.rule.clip) && b.rule.clip >= 0 &&
+                          std::isfinite(b.rule.trust.tau) && b.rule.trust.tau >= 0 &&
+                          std::isfinite(b.rule.trust.floor) && b.rule.trust.floor >= 0,
+                      kCorrupt, "relayed update: relay clip {}, trust region {} (floor {})",
+                      b.rule.clip, b.rule.trust.tau, b.rule.trust.floor);
   b.parts.reserve(count);
+  size_t next = 0;  // the next of u.parts
   for (uint32_t i = 0; i < count; ++i) {
     RelayPart p;
     const auto name_len = r.get<uint16_t>("a part's name length");
     XLOCO_FRAME_ENFORCE(name_len <= kMaxRelayName, kOverLimit,
                         "relay part #{}: name of {} bytes, limit {}", i, name_len, kMaxRelayName);
     r.need(name_len, "a part's name");
-    p.peer.assign(reinterpret_cast<const char*>(bundle.data() + r.pos()), name_len);
+    p.peer.assign(reinterpret_cast<const char*>(header.data() + r.pos()), name_len);
     r.skip(name_len);
     p.weight = r.get<double>("a part's weight");
     XLOCO_FRAME_ENFORCE(std::isfinite(p.weight) && p.weight > 0, kCorrupt,
@@ -116,13 +139,22 @@ RelayBundle read_relay(const net::Frame& bundle) {
     const auto bytes = r.get<uint64_t>("a part's frame size");
     XLOCO_FRAME_ENFORCE(!p.own || bytes == 0, kCorrupt,
                         "relay part #{} ('{}') is left out but carries {} bytes", i, p.peer, bytes);
-    r.need(bytes, "a part's frame");
-    if (bytes > 0) p.frame = net::Frame(bundle.owner(), bundle.data() + r.pos(), bytes);
-    r.skip(bytes);
+    if (!p.own) {
+      XLOCO_FRAME_ENFORCE(next < u.parts.size(), kTruncated,
+                          "relay part #{} ('{}'): the update has {} frames after its header", i,
+                          p.peer, u.parts.size());
+      p.frame = u.parts[next++];
+      XLOCO_FRAME_ENFORCE(p.frame.size() == bytes && bytes > 0, kCorrupt,
+                          "relay part #{} ('{}'): {} bytes declared, its frame has {}", i, p.peer,
+                          bytes, p.frame.size());
+    }
     b.parts.push_back(std::move(p));
   }
-  XLOCO_FRAME_ENFORCE(r.pos() == bundle.size(), kCorrupt, "{} bytes after the relay bundle's end",
-                      bundle.size() - r.pos());
+  XLOCO_FRAME_ENFORCE(r.pos() == header.size(), kCorrupt, "{} bytes after the relay header's end",
+                      header.size() - r.pos());
+  XLOCO_FRAME_ENFORCE(next == u.parts.size(), kCorrupt,
+                      "the relayed update carries {} frames, its header names {}", u.parts.size(),
+                      next);
   return b;
 }
 
@@ -278,6 +310,12 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
   float* out = theta.data_ptr<float>();
   for (const auto& s : part.slots) std::copy(a + s.offset, a + s.offset + s.numel, out + s.offset);
   return std::nullopt;
+}
+
+std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
+                                   torch::Tensor& theta, const common::FlatLayout& part,
+                                   RelayBuffers& buf) {
+  return apply_relay(decoder, b, theta, part, b.rule.mean, b.rule.clip, buf, b.rule.trust);
 }
 
 }  // namespace xloco::outer

@@ -29,7 +29,6 @@ compress::Codec to_codec(common::CodecKind kind) {
     case common::CodecKind::kInt8: return compress::Codec::kInt8;
     case common::CodecKind::kInt4: return compress::Codec::kInt4;
     case common::CodecKind::kTopk: return compress::Codec::kTopk;
-    case common::CodecKind::kRelay: break;  // not a codec: the uplink's frames (relay.h)
   }
   return compress::Codec::kFp32;
 }
@@ -42,8 +41,7 @@ compress::CodecConfig uplink_codec(const common::OuterConfig& c) {
 }
 
 compress::CodecConfig downlink_codec(const common::OuterConfig& c) {
-  // relay sends the uplink's frames: the downlink encoder is unused, its settings the uplink's.
-  auto cc = base(c, c.codec_down == common::CodecKind::kRelay ? c.codec_up : c.codec_down);
+  auto cc = base(c, c.codec_down);
   if (cc.codec == compress::Codec::kTopk && c.topk_down > 0) cc.topk = static_cast<uint32_t>(c.topk_down);
   if (cc.codec == compress::Codec::kTopk && c.topk_bits_down > 0) {
     cc.topk_bits = static_cast<uint32_t>(c.topk_bits_down);

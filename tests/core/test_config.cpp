@@ -80,16 +80,20 @@ TEST_SUITE("config") {
                          doctest::Contains("model.n_head"), ConfigError);
     CHECK_THROWS_WITH_AS(parse_config(json{{"data", {{"dataset", "fmnist"}}}}),
                          doctest::Contains("model.kind = cnn"), ConfigError);
-    // relay is a downlink only, and outer SGD only.
-    CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"codec_up", "relay"}, {"momentum", 0}}}}),
-                         doctest::Contains("relay is a downlink only"), ConfigError);
-    CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"codec_down", "relay"}, {"momentum", 0.9}}}}),
+    // relay is the downlink's strategy (outer.downlink), not a codec: an old config naming it as
+    // one is refused with the new key named; and outer SGD only.
+    for (const char* key : {"codec_up", "codec_down"}) {
+      CAPTURE(key);
+      CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{key, "relay"}, {"momentum", 0}}}}),
+                           doctest::Contains("set outer.downlink = \"relay\" instead"), ConfigError);
+    }
+    CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"downlink", "relay"}, {"momentum", 0.9}}}}),
                          doctest::Contains("outer.momentum must be 0"), ConfigError);
-    CHECK(parse_config(json{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}}).outer.codec_down ==
-          xloco::common::CodecKind::kRelay);
+    CHECK(parse_config(json{{"outer", {{"downlink", "relay"}, {"momentum", 0}}}}).outer.downlink ==
+          xloco::common::Downlink::kRelay);
     // outer.relay_mean: "all" (the default), "present" or "clipped", the last two on a relayed downlink only;
     // hashed only away from its default (runs from before it hash as before).
-    const json relay{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}};
+    const json relay{{"outer", {{"downlink", "relay"}, {"momentum", 0}}}};
     json present = relay;
     present["outer"]["relay_mean"] = "present";
     CHECK(parse_config(present).outer.relay_mean == xloco::common::RelayMean::kPresent);
@@ -99,7 +103,7 @@ TEST_SUITE("config") {
     CHECK(xloco::common::config_hash(parse_config(all)) == xloco::common::config_hash(parse_config(relay)));
     CHECK(xloco::common::config_hash(parse_config(present)) != xloco::common::config_hash(parse_config(relay)));
     CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{"relay_mean", "present"}}}}),
-                         doctest::Contains("needs outer.codec_down = \"relay\" (it is \"int8\")"),
+                         doctest::Contains("needs outer.downlink = \"relay\" (it is \"quantized\")"),
                          ConfigError);
     // "clipped" with its outer.relay_clip (default 2), hashed only with "clipped".
     json clipped = relay;
@@ -156,8 +160,10 @@ TEST_SUITE("config") {
          {"outer.codec_down=topk"}},
         {{"outer.codec_up=topk", "outer.topk_bits_down=4"}, "outer.topk_bits_down",
          "outer.codec_down", {"outer.codec_down=topk"}},
-        {{"outer.codec_down=relay", "outer.momentum=0", "outer.relay_clip=3"}, "outer.relay_clip",
+        {{"outer.downlink=relay", "outer.momentum=0", "outer.relay_clip=3"}, "outer.relay_clip",
          "outer.relay_mean", {"outer.relay_mean=clipped"}},
+        {{"outer.downlink=relay", "outer.momentum=0", "outer.codec_down=int4"}, "outer.codec_down",
+         "outer.downlink", {"outer.downlink=quantized"}},
         {{"outer.min_inner_steps=5"}, "outer.min_inner_steps", "outer.round_budget_s",
          {"outer.round_budget_s=60"}},
         {{"data.dataset=fmnist", "model.kind=cnn", "data.dirichlet_alpha=0.1"},
@@ -232,7 +238,7 @@ TEST_SUITE("config") {
       const char* hash;
     };
     const std::vector<std::string> sparse = {
-        "outer.codec_up=topk", "outer.codec_down=relay", "outer.block_size=4096", "outer.topk=176",
+        "outer.codec_up=topk", "outer.downlink=relay", "outer.block_size=4096", "outer.topk=176",
         "outer.momentum=0", "outer.lr=2.5", "outer.lr_end=1.25", "outer.ef_decay=0.6",
         "outer.relay_mean=clipped"};
     const std::vector<Pinned> pinned = {
@@ -247,7 +253,7 @@ TEST_SUITE("config") {
         {"kjv-tiny-4p.json", {"outer.overlap=delayed", "outer.fold=arrival", "outer.delay_steps=10", "outer.keep_local=0.5", "outer.momentum=0.8"}, "cb20b3bde315ef0af83a7660b1d76fab"},
         {"kjv-tiny-4p.json", {"outer.fragments=5", "outer.inner_steps=10", "outer.round_budget_s=4.6", "outer.min_inner_steps=3"}, "07171fe1c21907e76dd439f15797bdb4"},
         {"kjv-tiny-4p.json", {"outer.score=true", "outer.norm_bound=3", "outer.trust_region=2", "outer.providers=7", "run.threads=1", "inner.bucket_kb=64"}, "0765ff6c7c610aa2e23e532bdded870c"},
-        {"kjv-tiny-4p.json", {"data.sharding=contiguous", "model.vocab_size=256", "outer.lr_end=0.3", "outer.relay_mean=present", "outer.codec_down=relay", "outer.momentum=0"}, "4d24f63f6377eb9648fc9d5f9faf970b"},
+        {"kjv-tiny-4p.json", {"data.sharding=contiguous", "model.vocab_size=256", "outer.lr_end=0.3", "outer.relay_mean=present", "outer.downlink=relay", "outer.momentum=0"}, "4d24f63f6377eb9648fc9d5f9faf970b"},
         {"fmnist-cnn.json", {"data.sharding=dirichlet", "data.dirichlet_alpha=0.3"}, "2770bff6ce4a235fd81c4faebdf33afb"},
     };
     for (const auto& p : pinned) {
@@ -269,7 +275,7 @@ TEST_SUITE("config") {
     CHECK(lan.outer.momentum == doctest::Approx(0.9));
     const auto sparse = parse_config(json{{"outer", {{"recipe", "wan-sparse"}}}});
     CHECK(xloco::common::to_string(sparse.outer.codec_up) == std::string("topk"));
-    CHECK(xloco::common::to_string(sparse.outer.codec_down) == std::string("relay"));
+    CHECK(xloco::common::to_string(sparse.outer.downlink) == std::string("relay"));
     CHECK(sparse.outer.topk == 176);
     CHECK(sparse.outer.momentum == doctest::Approx(0.0));
     const auto wan = parse_config(json{{"outer", {{"recipe", "wan"}, {"lr", 0.5}}}});

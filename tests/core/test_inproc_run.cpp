@@ -262,10 +262,10 @@ net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& value
 
 // The head stops after round 4 as if killed (its providers cut: no BYE gets out) and restarts
 // from its checkpoint; the providers rejoin and the run ends with θ_pub agreeing everywhere.
-// outer.codec_down = relay (outer/relay.h) on a topk uplink, outer SGD.
+// outer.downlink = relay (outer/relay.h) on a topk uplink, outer SGD.
 void use_relay(common::Config& c) {
   c.outer.codec_up = common::CodecKind::kTopk;
-  c.outer.codec_down = common::CodecKind::kRelay;
+  c.outer.downlink = common::Downlink::kRelay;
   c.outer.block_size = 256;
   c.outer.topk = 16;
   c.outer.momentum = 0;
@@ -385,7 +385,7 @@ TEST_SUITE("inproc_run") {
     }
   }
 
-  TEST_CASE("outer.codec_down = relay: each provider is sent the others' frames only and applies them itself; theta_pub agrees everywhere and is the head's theta_true") {
+  TEST_CASE("outer.downlink = relay: each provider is sent the others' frames only and applies them itself; theta_pub agrees everywhere and is the head's theta_true") {
     if (!test::have_kjv()) {
       XLOCO_SKIP_CASE("/usr/bin/bible missing (Debian package bible-kjv)");
     }
@@ -428,7 +428,7 @@ TEST_SUITE("inproc_run") {
     }
   }
 
-  TEST_CASE("outer.codec_down = relay: the head restarted from its checkpoint; providers rejoin, and theta_pub agrees everywhere") {
+  TEST_CASE("outer.downlink = relay: the head restarted from its checkpoint; providers rejoin, and theta_pub agrees everywhere") {
     head_restart(common::Overlap::kNone, 1, /*relay=*/true);
   }
 

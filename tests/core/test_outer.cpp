@@ -860,74 +860,106 @@ TEST_SUITE("outer") {
     }
   }
 
-  TEST_CASE("relay: a bundle is written and read back, without the receiver's own frame; hostile bundles are refused by name") {
+  TEST_CASE("relay: an update is written and read back, its frames shared and the receiver's own left out; hostile updates are refused by name") {
     const common::FlatLayout layout = relay_layout();
     const auto frame_of = [&](uint64_t seed) { return relay_frame(layout, 8, seed); };
-    outer::RelayBundle b{0.5f, 3.0, {{"p0", 1.0, frame_of(1), false}, {"p1", 2.0, frame_of(2), false}}};
-    const net::Frame all(outer::write_relay(b));
-    CHECK(outer::is_relay_bundle(all.data(), all.size()));
+    outer::RelayBundle b{0.5f, 3.0, {{"p0", 1.0, frame_of(1), false}, {"p1", 2.0, frame_of(2), false}},
+                         {common::RelayMean::kClipped, 3.0, {0.5, 1e-3}}};
+    const net::Update all = outer::write_relay(b);
+    CHECK(outer::is_relay_update(all));
+    REQUIRE(all.parts.size() == 2);
+    for (size_t i = 0; i < 2; ++i) CHECK(all.parts[i].data() == b.parts[i].frame.data());  // not copied
     const auto back = outer::read_relay(all);
     CHECK(back.lr == 0.5f);
     CHECK(back.weight_sum == 3.0);
+    CHECK(back.rule.mean == common::RelayMean::kClipped);  // the update rule travels with it
+    CHECK(back.rule.clip == 3.0);
+    CHECK(back.rule.trust.tau == 0.5);
+    CHECK(back.rule.trust.floor == 1e-3);
     REQUIRE(back.parts.size() == 2);
     for (size_t i = 0; i < 2; ++i) {
       CHECK(back.parts[i].peer == b.parts[i].peer);
       CHECK(back.parts[i].weight == b.parts[i].weight);
-      CHECK(back.parts[i].frame == b.parts[i].frame);
+      CHECK(back.parts[i].frame.data() == b.parts[i].frame.data());
       CHECK_FALSE(back.parts[i].own);
     }
-    const net::Frame for_p1(outer::write_relay(b, "p1"));
-    CHECK(for_p1.size() == all.size() - b.parts[1].frame.size());
+    const net::Update for_p1 = outer::write_relay(b, "p1");
+    REQUIRE(for_p1.parts.size() == 1);
+    CHECK(for_p1.parts[0].data() == b.parts[0].frame.data());
+    CHECK(for_p1.payload.size() == all.payload.size());
     const auto mine = outer::read_relay(for_p1);
     CHECK_FALSE(mine.parts[0].own);
     CHECK(mine.parts[1].own);
     CHECK(mine.parts[1].frame.empty());
-    CHECK(outer::write_relay(b, "p9").size() == all.size());  // not in it: every frame
+    CHECK(outer::write_relay(b, "p9").parts.size() == 2);  // not in it: every frame
+    // Through the protocol: the frames are the message's own parts, and come back as such.
+    const net::Message wire = net::encode({"r", 3, all});
+    REQUIRE(wire.size() == 4);
+    const auto decoded = std::get<net::Update>(net::decode(wire, "r").body);
+    CHECK(outer::read_relay(decoded).parts[1].frame == b.parts[1].frame);
 
-    const auto kind = [](std::vector<uint8_t> bytes) -> std::optional<compress::FrameErrorKind> {
+    const auto kind = [&](std::vector<uint8_t> header, std::vector<net::Frame> frames)
+        -> std::optional<compress::FrameErrorKind> {
       try {
-        outer::read_relay(net::Frame(std::move(bytes)));
+        outer::read_relay(net::Update{net::Frame(std::move(header)), std::move(frames)});
       } catch (const compress::FrameError& e) {
         return e.kind();
       }
       return std::nullopt;
     };
-    const auto good = all.to_vector();
-    REQUIRE(kind(good) == std::nullopt);
+    const auto good = all.payload.to_vector();
+    const auto frames = all.parts;
+    REQUIRE(kind(good, frames) == std::nullopt);
     for (size_t n = 0; n < good.size(); n += 7) {  // cut anywhere: refused
       CAPTURE(n);
-      CHECK(kind(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n))).has_value());
+      CHECK(kind(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)), frames).has_value());
     }
+    constexpr size_t kPart0 = 49;  // where the first part starts (relay.h)
     auto f = good;
     f[0] = 'Y';
-    CHECK(kind(f) == compress::FrameErrorKind::kBadMagic);
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kBadMagic);
     f = good;
-    f[4] = 1;  // version 1 (no clip factors): refused, not misread
-    CHECK(kind(f) == compress::FrameErrorKind::kBadVersion);
+    f[4] = 2;  // version 2 (frames inside the bundle): refused, not misread
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kBadVersion);
     f = good;
     const uint32_t many = outer::kMaxRelayParts + 1;
     std::memcpy(f.data() + 8, &many, 4);
-    CHECK(kind(f) == compress::FrameErrorKind::kOverLimit);
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kOverLimit);
     f = good;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::memcpy(f.data() + 12, &nan, 4);  // the outer rate
-    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
+    f = good;
+    f[24] = 3;  // a relay mean that is none of the three
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
+    for (const size_t at : {25, 33, 41}) {  // relay clip, trust region, trust floor: finite, ≥ 0
+      CAPTURE(at);
+      f = good;
+      const double bad = at == 33 ? -1.0 : std::numeric_limits<double>::infinity();
+      std::memcpy(f.data() + at, &bad, 8);
+      CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
+    }
     f = good;
     const double zero = 0;
-    std::memcpy(f.data() + 24 + 2 + 2, &zero, 8);  // p0's weight (after name_len and "p0")
-    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    std::memcpy(f.data() + kPart0 + 2 + 2, &zero, 8);  // p0's weight (after name_len and "p0")
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
     f = good;
-    f[24 + 2 + 2 + 8 + 4] = 1;  // p0 flagged as left out, yet its frame follows
-    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    f[kPart0 + 2 + 2 + 8 + 4] = 1;  // p0 flagged as left out, yet its size is declared
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
     for (const float clip : {0.0f, -1.0f, 1.5f, nan}) {  // p0's clip factor: (0, 1] only
       CAPTURE(clip);
       f = good;
-      std::memcpy(f.data() + 24 + 2 + 2 + 8, &clip, 4);
-      CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+      std::memcpy(f.data() + kPart0 + 2 + 2 + 8, &clip, 4);
+      CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
     }
     f = good;
     f.push_back(0);
-    CHECK(kind(f) == compress::FrameErrorKind::kCorrupt);
+    CHECK(kind(f, frames) == compress::FrameErrorKind::kCorrupt);
+    // The frames after the header: one missing, one too many, one of another size.
+    CHECK(kind(good, {frames[0]}) == compress::FrameErrorKind::kTruncated);
+    CHECK(kind(good, {frames[0], frames[1], frames[1]}) == compress::FrameErrorKind::kCorrupt);
+    CHECK(kind(good, {frames[0], net::Frame::copy_of(frames[1].data(), frames[1].size() - 1)}) ==
+          compress::FrameErrorKind::kCorrupt);
   }
 
   TEST_CASE("relay: a part's clip factor travels in the bundle and scales its values on every replica alike; the trust region scales a tensor's step onto its radius") {
@@ -938,7 +970,7 @@ TEST_SUITE("outer") {
     compress::decode(dec, f0.data(), f0.size(), layout, v0);
     compress::decode(dec, f1.data(), f1.size(), layout, v1);
     outer::RelayBundle b{1.0f, 2.0, {{"p0", 1.0, f0, false, 1.0f}, {"p1", 1.0, f1, false, 0.25f}}};
-    const auto back = outer::read_relay(net::Frame(outer::write_relay(b)));
+    const auto back = outer::read_relay(outer::write_relay(b));
     REQUIRE(back.parts.size() == 2);
     CHECK(back.parts[0].clip == 1.0f);
     CHECK(back.parts[1].clip == 0.25f);

@@ -1,5 +1,7 @@
 #include "net/zmq/wire.h"
 
+#include "net/protocol.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -19,8 +21,9 @@ enum Kind : std::uint8_t { kWhole = 0, kStart = 1, kChunk = 2 };
 // Below this a part is copied: one small memcpy is cheaper than a shared_ptr hand-off.
 constexpr std::size_t kZeroCopyMinBytes = 4096;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-// A message is a header frame and at most a couple of binary ones (protocol.h).
-constexpr std::size_t kMaxStreamFrames = 8;
+// A message is a header frame and its binary ones: at most an UPDATE's payload and its
+// relayed frames (protocol.h).
+constexpr std::size_t kMaxStreamFrames = 2 + kMaxUpdateParts;
 
 void put_u64(std::uint8_t* out, std::uint64_t v) {
   for (int b = 0; b < 8; ++b) out[b] = static_cast<std::uint8_t>(v >> (8 * b));
