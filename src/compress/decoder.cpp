@@ -53,9 +53,7 @@ void Decoder::decode_add(const uint8_t* frame, size_t size, const std::vector<Te
   run(frame, size, targets, true);
 }
 
-void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
-                  bool add) {
-  const FrameInfo info = parse_frame(frame, size, limits_);
+void Decoder::check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets) const {
   XLOCO_FRAME_ENFORCE(targets.size() == info.tensors.size(), kMismatch,
                       "frame holds {} tensors, {} targets given", info.tensors.size(),
                       targets.size());
@@ -70,6 +68,12 @@ void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef
     XLOCO_FRAME_ENFORCE(t.data != nullptr || e.numel == 0, kMismatch,
                         "tensor '{}': target has no buffer for {} elements", quote(e.name), e.numel);
   }
+}
+
+void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
+                  bool add) {
+  const FrameInfo info = parse_frame(frame, size, limits_);
+  check_targets(info, targets);
 
   // From here the payload size equals what the targets need, so allocating it is bounded.
   if (streamed(info)) {
@@ -170,6 +174,48 @@ void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
     kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add, info.topk,
                     info.topk_bits);
   });
+}
+
+void Decoder::for_each_block(const uint8_t* frame, size_t size,
+                             const std::vector<TensorRef>& targets, const BlockVisitor& visit) {
+  const FrameInfo info = parse_frame(frame, size, limits_);
+  check_targets(info, targets);
+  const auto check = [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); };
+  const auto each = [&](size_t i, const uint8_t* bytes) { visit_tensor(info, i, bytes, visit); };
+  if (streamed(info)) {  // as run_streamed: checked whole first, then visited
+    const uint8_t* stored = prepare_stream(frame, info);
+    stream_pass(stored, info, true, check);
+    stream_pass(stored, info, false, each);
+    return;
+  }
+  const uint8_t* p = payload(frame, info);
+  for (size_t i = 0; i < info.tensors.size(); ++i) check(i, tensor_bytes(info, i, p));
+  for (size_t i = 0; i < info.tensors.size(); ++i) each(i, tensor_bytes(info, i, p));
+}
+
+void Decoder::visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes,
+                           const BlockVisitor& visit) {
+  const TensorEntry& e = info.tensors[i];
+  const uint64_t block = info.block_size > 0 ? info.block_size : std::max<uint64_t>(e.numel, 1);
+  if (info.codec == Codec::kTopk) {
+    block_values_.resize(std::min<uint64_t>(info.topk, block));
+    block_pos_.resize(block_values_.size());
+    kernels::for_each_topk_value_block(bytes, e.topk_at, e.numel, info.block_size, info.topk,
+                                       info.topk_bits, block_pos_.data(), block_values_.data(),
+                                       [&](uint64_t start, uint32_t len, uint32_t n) {
+                                         visit(i, {start, len, n, block_pos_.data(),
+                                                   block_values_.data()});
+                                       });
+    return;
+  }
+  // A dense codec: the tensor's values once (into a buffer of its size), then block by block.
+  block_values_.resize(e.numel);
+  kernels::decode(info.codec, bytes, e.numel, info.block_size, block_values_.data(), false,
+                  info.topk, info.topk_bits, e.topk_at);
+  for (uint64_t start = 0; start < e.numel; start += block) {
+    const auto len = static_cast<uint32_t>(std::min<uint64_t>(block, e.numel - start));
+    visit(i, {start, len, len, nullptr, block_values_.data() + start});
+  }
 }
 
 double Decoder::norm(const uint8_t* frame, size_t size) {

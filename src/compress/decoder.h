@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,6 +15,19 @@
 #include "compress/tensor_ref.h"
 
 namespace xloco::compress {
+
+// One block of a tensor as a frame carries it (Decoder::for_each_block): a topk block's sent
+// values only, at their positions (strictly increasing, inside the block; a value sent as 0
+// included); every element of a dense codec's block. The values are the floats decode() writes
+// there (deq, one rounding).
+struct BlockValues {
+  uint64_t start = 0;             // the block's first element, in its tensor
+  uint32_t len = 0;               // its elements
+  uint32_t n = 0;                 // values given
+  const uint32_t* pos = nullptr;  // within the block; nullptr: value j is element j (n = len)
+  const float* value = nullptr;
+};
+using BlockVisitor = std::function<void(size_t tensor, const BlockValues& block)>;
 
 class Decoder {
  public:
@@ -47,9 +61,20 @@ class Decoder {
   // contribution by it before adding it into Δ. Memory: as decode().
   double norm(const uint8_t* frame, size_t size);
 
+  // visit(i, block) for each block of each of the frame's tensors, in table order and within a
+  // tensor in order: blocks of the frame's block size (a codec without blocks: the tensor as
+  // one), with the values the frame carries there. After the checks decode() makes against
+  // `targets` (names and shapes; their data is neither read nor written), so `visit` sees only
+  // a frame decode() would accept. Memory: as decode(), plus one block's values; a topk frame
+  // is never written out densely.
+  void for_each_block(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
+                      const BlockVisitor& visit);
+
   const Limits& limits() const { return limits_; }
 
  private:
+  void check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets) const;
+  void visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes, const BlockVisitor& visit);
   void run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets, bool add);
   const uint8_t* payload(const uint8_t* frame, const FrameInfo& info);
   void run_streamed(const uint8_t* frame, const FrameInfo& info,
@@ -80,6 +105,8 @@ class Decoder {
   uint64_t scratch_bytes_ = 0;
   struct Zstd;
   std::unique_ptr<Zstd> zstd_;
+  std::vector<float> block_values_;     // for_each_block: one block's values
+  std::vector<uint32_t> block_pos_;     // and their positions (topk)
 };
 
 }  // namespace xloco::compress

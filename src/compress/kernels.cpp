@@ -657,6 +657,23 @@ void decode_topk(const uint8_t* payload, const TopkAt& at, uint64_t n, uint32_t 
 }
 
 template <uint32_t Bits>
+void topk_value_blocks(const uint8_t* payload, const TopkAt& at, uint64_t n, uint32_t block_size,
+                       uint32_t topk, uint32_t* pos, float* value,
+                       const std::function<void(uint64_t, uint32_t, uint32_t)>& block) {
+  using Code = TopkCode<Bits>;
+  for_each_topk_block(payload, at, n, block_size, topk, Bits, [&](const TopkBlock& b) {
+    uint32_t p = 0;
+    for (uint32_t j = 0; j < b.k; ++j) {
+      p += b.gap(j);
+      pos[j] = p;
+      value[j] = 0.0f + Code::value(Code::at(b.codes, j), b.scale);  // as decode() writes it
+    }
+    block(b.start, b.len, b.k);
+    return true;
+  });
+}
+
+template <uint32_t Bits>
 double sum_squares_topk(const uint8_t* payload, const TopkAt& at, uint64_t n,
                         uint32_t block_size, uint32_t topk) {
   using Code = TopkCode<Bits>;
@@ -749,6 +766,17 @@ void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size
         }
       });
       return;
+  }
+}
+
+void for_each_topk_value_block(const uint8_t* payload, const TopkAt& at, uint64_t n,
+                               uint32_t block_size, uint32_t topk, uint32_t topk_bits,
+                               uint32_t* pos, float* value,
+                               const std::function<void(uint64_t, uint32_t, uint32_t)>& block) {
+  if (topk_bits == 4) {
+    topk_value_blocks<4>(payload, at, n, block_size, topk, pos, value, block);
+  } else {
+    topk_value_blocks<2>(payload, at, n, block_size, topk, pos, value, block);
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "compress/codec.h"
@@ -65,6 +66,14 @@ std::optional<PayloadDefect> check(Codec codec, const uint8_t* payload, uint64_t
 // out = deq(payload), or out += deq(payload) when `add`. Only for payloads check() accepted.
 void decode(Codec codec, const uint8_t* payload, uint64_t n, uint32_t block_size, float* out,
             bool add, uint32_t topk = 0, uint32_t topk_bits = 2, const TopkAt& at = {});
+
+// A topk payload's blocks (only for payloads check() accepted), each as its sent values:
+// block(start, len, n) after writing the block's n positions (within it, increasing) to `pos`
+// and their values to `value` (the floats decode() writes; each holds min(topk, block_size)).
+void for_each_topk_value_block(const uint8_t* payload, const TopkAt& at, uint64_t n,
+                               uint32_t block_size, uint32_t topk, uint32_t topk_bits,
+                               uint32_t* pos, float* value,
+                               const std::function<void(uint64_t start, uint32_t len, uint32_t n)>& block);
 
 // Σ deq(payload)², accumulated in double (an int8/int4 block adds scale² · Σq²), so that a
 // frame's norm is known without writing its values anywhere. Only for payloads check() accepted;

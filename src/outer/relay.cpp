@@ -165,19 +165,24 @@ float* sized(torch::Tensor& t, const torch::Tensor& like) {
   return t.data_ptr<float>();
 }
 
-// The block a frame's values were chosen in (its block size; the whole tensor when it has none).
-int64_t block_of(const compress::Decoder& decoder, const RelayPart& p) {
-  const uint32_t block = decoder.inspect(p.frame.data(), p.frame.size()).block_size;
-  return block > 0 ? block : std::numeric_limits<int64_t>::max() / 2;
-}
-
-// f(lo, hi) for each block of `block` elements of each of `part`'s slots, from the slot's start
-// (its last block may be short), in slot order: the blocks a topk frame chose its values in.
-template <class F>
-void for_each_block(const common::FlatLayout& part, int64_t block, F&& f) {
-  for (const auto& s : part.slots) {
-    for (int64_t o = 0; o < s.numel; o += block) f(s.offset + o, s.offset + std::min(s.numel, o + block));
-  }
+// f(flat index, x) for each value `p`'s frame carries over `part`, x as the rule takes it:
+// its clip factor applied; and done(block) after each of the frame's blocks, in order (every
+// block, one with nothing sent included). The frame is decoded sparsely (Decoder::for_each_block):
+// a topk frame's unsent elements are never visited and never written anywhere.
+template <class F, class Done>
+void for_each_sent(compress::Decoder& decoder, const RelayPart& p, const common::FlatLayout& part,
+                   const std::vector<compress::TensorRef>& targets, F&& f, Done&& done) {
+  const float k = p.clip;
+  decoder.for_each_block(p.frame.data(), p.frame.size(), targets,
+                         [&](size_t t, const compress::BlockValues& blk) {
+                           const int64_t base = part.slots[t].offset + static_cast<int64_t>(blk.start);
+                           for (uint32_t j = 0; j < blk.n; ++j) {
+                             float x = blk.value[j];
+                             if (k != 1.0f) x = k * x;  // clipped to the median norm by the head
+                             f(base + (blk.pos != nullptr ? blk.pos[j] : j), x);
+                           }
+                           done(base, base + blk.len);
+                         });
 }
 
 }  // namespace
@@ -197,82 +202,73 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     std::fill(a + s.offset, a + s.offset + s.numel, 0.0f);
     if (present) std::fill(c + s.offset, c + s.offset + s.numel, 0.0f);
   }
-  // "clipped": each frame's smallest magnitude sent in each block (its slots' blocks in order),
-  // times outer.relay_clip; a block it sent nothing in has 0. And the elements it sent, one
-  // bit each by flat index: the second pass reads them instead of decoding the frame again.
-  std::vector<std::vector<float>> least_sent(clipped ? b.parts.size() : 0);
-  std::vector<std::vector<uint64_t>>& sent = buf.sent;
-  if (clipped) {
-    const auto words = static_cast<size_t>((theta.numel() + 63) / 64);
-    if (sent.size() < b.parts.size()) sent.resize(b.parts.size());
-    for (size_t q = 0; q < b.parts.size(); ++q) sent[q].assign(words, 0);  // capacity kept
+  const std::vector<compress::TensorRef> targets = compress::refs(part, theta);  // names, shapes
+  for (const RelayPart& p : b.parts) {
+    XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
+                        "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
   }
+  // Pass one, each frame in part order, only the elements it sent: a[i] += w·x (adding w·0 where
+  // it sent nothing would change nothing: acc is never −0), and with "present"/"clipped" the
+  // senders' weight c[i] += w where x ≠ 0. "clipped": each frame's smallest magnitude sent in each
+  // of its blocks, times outer.relay_clip (0 for a block it sent nothing in).
+  std::vector<std::vector<float>> least_sent(clipped ? b.parts.size() : 0);
   const auto alpha = static_cast<float>(clip);
   for (size_t q = 0; q < b.parts.size(); ++q) {
     const RelayPart& p = b.parts[q];
-    XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
-                        "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
-    if (p.weight == 1.0 && p.clip == 1.0f && !present) {
-      compress::decode_add(decoder, p.frame.data(), p.frame.size(), part, buf.acc);
-      continue;
-    }
-    float* x = sized(buf.values, theta);
-    compress::decode(decoder, p.frame.data(), p.frame.size(), part, buf.values);
-    if (p.clip != 1.0f) {  // clipped to the median norm by the head (aggregate.h): its values
-      const float k = p.clip;
-      for (const auto& s : part.slots) {
-        for (int64_t i = s.offset; i < s.offset + s.numel; ++i) x[i] = k * x[i];
-      }
-    }
     const auto w = static_cast<float>(p.weight);
-    if (!present) {
-      for (const auto& s : part.slots) {
-        for (int64_t i = s.offset; i < s.offset + s.numel; ++i) a[i] = a[i] + w * x[i];
-      }
-      continue;
-    }
-    // Only the elements it sent: adding w·0 elsewhere would change nothing (acc is never −0).
-    for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
-      float least = std::numeric_limits<float>::infinity();
-      for (int64_t i = lo; i < hi; ++i) {
-        if (x[i] == 0.0f) continue;
-        a[i] = a[i] + w * x[i];
-        c[i] = c[i] + w;
-        if (!clipped) continue;
-        least = std::min(least, std::fabs(x[i]));
-        sent[q][static_cast<size_t>(i) >> 6] |= uint64_t{1} << (i & 63);
-      }
-      if (clipped) least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
-    });
+    float least = std::numeric_limits<float>::infinity();
+    for_each_sent(
+        decoder, p, part, targets,
+        [&](int64_t i, float x) {
+          if (!present) {
+            a[i] = a[i] + w * x;
+            return;
+          }
+          if (x == 0.0f) return;  // sent as 0: as if not sent
+          a[i] = a[i] + w * x;
+          c[i] = c[i] + w;
+          least = std::min(least, std::fabs(x));
+        },
+        [&](int64_t, int64_t) {
+          if (clipped) least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
+          least = std::numeric_limits<float>::infinity();
+        });
   }
   const auto sum = static_cast<float>(b.weight_sum);
   if (clipped) {
     // c becomes m, the senders' mean; then each frame that did not send an element is credited
     // there with m clipped to its least value sent in that block times the clip: extra =
     // Σ_{q not sent} w_q·sign(m)·min(|m|, least_q), in part order. An element none sent has
-    // m = 0 and gets nothing.
+    // m = 0 and gets nothing. Which elements a frame sent: its frame walked again, block by
+    // block, beside the dense walk (where it sent, + 0 would change nothing: e is never −0).
     float* e = sized(buf.extra, theta);
     for (const auto& s : part.slots) {
       std::fill(e + s.offset, e + s.offset + s.numel, 0.0f);
       for (int64_t i = s.offset; i < s.offset + s.numel; ++i) c[i] = c[i] > 0.0f ? a[i] / c[i] : 0.0f;
     }
+    std::vector<int64_t>& sent = buf.sent;
     for (size_t q = 0; q < b.parts.size(); ++q) {
       const RelayPart& p = b.parts[q];
       const auto w = static_cast<float>(p.weight);
-      const uint64_t* bits = sent[q].data();
-      size_t blk = 0;  // the blocks in pass one's order
-      for_each_block(part, block_of(decoder, p), [&](int64_t lo, int64_t hi) {
-        const float f = least_sent[q][blk++];
-        // Without a branch: where it sent, + 0 (e is never −0, so that changes nothing).
-        for (int64_t i = lo; i < hi;) {
-          const int64_t end = std::min(hi, (i | 63) + 1);  // to the end of i's 64-bit word
-          const uint64_t word = bits[static_cast<size_t>(i) >> 6];
-          for (; i < end; ++i) {
-            const float credit = w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
-            e[i] = e[i] + (((word >> (i & 63)) & 1u) != 0 ? 0.0f : credit);
-          }
-        }
-      });
+      size_t blk = 0;
+      sent.clear();
+      for_each_sent(
+          decoder, p, part, targets,
+          [&](int64_t i, float x) {
+            if (x != 0.0f) sent.push_back(i);
+          },
+          [&](int64_t lo, int64_t hi) {
+            const float f = least_sent[q][blk++];
+            size_t next = 0;
+            for (int64_t i = lo; i < hi; ++i) {
+              if (next < sent.size() && sent[next] == i) {
+                ++next;
+                continue;
+              }
+              e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+            }
+            sent.clear();
+          });
     }
   }
   // The new θ into acc first: θ stays as it was unless every value is finite. With a trust

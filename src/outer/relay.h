@@ -91,14 +91,14 @@ net::Update write_relay(const RelayBundle& b, const std::string& receiver = "");
 // kTruncated / kOverLimit / kBadMagic / kBadVersion) naming what is wrong.
 RelayBundle read_relay(const net::Update& u);
 
-// Model-sized scratch for apply_relay, allocated on first use and kept: the sum, one frame's
-// values (a weight other than 1, "present" or "clipped"), the weight present at each element
-// ("present"; "clipped", where it then becomes the senders' mean), and the credits of those
-// that did not send ("clipped" only); and for "clipped", which elements each frame sent, one
-// bit per element of the model (N / 8 bytes a frame: 12.6 MB at 101 M).
+// Scratch for apply_relay, allocated on first use and kept: the sum; the weight present at each
+// element ("present"; "clipped", where it then becomes the senders' mean); the credits of those
+// that did not send ("clipped" only); each trained tensor's mean under a trust region; and one
+// block's sent elements ("clipped"). Each frame is read sparsely (Decoder::for_each_block): no
+// frame is decoded to a dense buffer and nothing is kept per frame but its least values.
 struct RelayBuffers {
   torch::Tensor acc, values, present, extra;
-  std::vector<std::vector<uint64_t>> sent;
+  std::vector<int64_t> sent;
   int trust_scaled = 0;     // the last apply_relay: tensors its trust region scaled
   double trust_ratio = 0;   // and the largest ‖lr·Δₜ‖ / radius before scaling
 };
@@ -106,8 +106,8 @@ struct RelayBuffers {
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
 // divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent); kClipped
 // as above, with `clip` (outer.relay_clip; unused otherwise) and each frame's own block size.
-// Every frame is decoded once and checked before θ is touched ("clipped"'s second pass reads
-// the sent bits instead); a result that is not finite leaves θ as it was and returns where
+// Every frame is checked before θ is touched ("clipped" walks each frame a second time, to
+// credit the elements it did not send); a result that is not finite leaves θ as it was and returns where
 // (flat index). Parts flagged `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,

@@ -296,6 +296,71 @@ TEST_SUITE("topk") {
     CHECK(dec.norm(a.data(), a.size()) == doctest::Approx(std::sqrt(ss)).epsilon(1e-9));
   }
 
+  // Decoder::for_each_block (the relay's sparse read of a frame): every block of every tensor in
+  // order, a topk block's sent values only, at increasing positions, the same floats decode()
+  // writes; a dense codec's every element; a hostile frame refused before anything is visited.
+  TEST_CASE("for_each_block: each block in order with exactly the values decode writes, sparse for topk") {
+    const TensorSet in = model_like(23);
+    for (const bool topk : {true, false}) {
+      CAPTURE(topk);
+      CodecConfig config = topk ? topk_config(64, 5, 1, 4) : CodecConfig{};
+      if (!topk) {
+        config.codec = Codec::kInt8;
+        config.block_size = 64;
+      }
+      const auto frame = Encoder(config).encode(in.inputs());
+      TensorSet dense = in.like(0.0f), visited = in.like(0.0f);
+      Decoder dec;
+      dec.decode(frame, dense.targets());
+      std::vector<size_t> blocks(in.names.size(), 0);
+      size_t values = 0;
+      size_t last_tensor = 0;
+      dec.for_each_block(frame.data(), frame.size(), visited.targets(),
+                         [&](size_t t, const BlockValues& b) {
+                           CHECK(t >= last_tensor);  // table order
+                           last_tensor = t;
+                           CHECK(b.start == 64 * blocks[t]);  // each block, in order
+                           ++blocks[t];
+                           CHECK(b.len == std::min<uint64_t>(64, in.data[t].size() - b.start));
+                           CHECK(b.n == (topk ? std::min<uint32_t>(5, b.len) : b.len));
+                           CHECK((b.pos != nullptr) == topk);
+                           for (uint32_t j = 0; j < b.n; ++j) {
+                             const uint32_t p = b.pos != nullptr ? b.pos[j] : j;
+                             if (j > 0 && b.pos != nullptr) CHECK(p > b.pos[j - 1]);
+                             REQUIRE(p < b.len);
+                             visited.data[t][b.start + p] = b.value[j];
+                             ++values;
+                           }
+                         });
+      for (size_t t = 0; t < in.names.size(); ++t) {
+        CAPTURE(in.names[t]);
+        CHECK(blocks[t] == (in.data[t].size() + 63) / 64);
+        CHECK(std::memcmp(visited.data[t].data(), dense.data[t].data(), 4 * dense.data[t].size()) == 0);
+      }
+      size_t elements = 0, sendable = 0;  // every element; at most 5 of each block of 64
+      for (const auto& d : in.data) {
+        elements += d.size();
+        for (size_t at = 0; at < d.size(); at += 64) sendable += std::min<size_t>(5, d.size() - at);
+      }
+      CHECK(values == (topk ? sendable : elements));
+      // A position repeated (a zero gap after the first): refused before any block is visited.
+      if (topk) {
+        const auto plain = Encoder(topk_config(64, 5, 0, 4)).encode(in.inputs());  // raw payload
+        const FrameInfo info = parse_frame(plain.data(), plain.size(), Limits{});
+        auto bad = plain;
+        const TopkAt& at0 = info.tensors[0].topk_at;
+        bad[info.stored_offset + at0.lo + 1] = 0;  // gap 1 of the first block: 0
+        bad[info.stored_offset + at0.hi + 1] = 0;
+        Decoder raw;
+        int seen = 0;
+        CHECK_THROWS_AS(raw.for_each_block(bad.data(), bad.size(), visited.targets(),
+                                           [&](size_t, const BlockValues&) { ++seen; }),
+                        FrameError);
+        CHECK(seen == 0);
+      }
+    }
+  }
+
   TEST_CASE("bytes: 1/64 of each 4096-value block is ~110x smaller than fp32 before zstd") {
     TensorSet in;
     in.add("w", {1 << 20}, heavy_tailed(1 << 20, 3));

@@ -969,7 +969,7 @@ TEST_SUITE("outer") {
     auto v0 = torch::zeros({layout.numel}), v1 = torch::zeros({layout.numel});
     compress::decode(dec, f0.data(), f0.size(), layout, v0);
     compress::decode(dec, f1.data(), f1.size(), layout, v1);
-    outer::RelayBundle b{1.0f, 2.0, {{"p0", 1.0, f0, false, 1.0f}, {"p1", 1.0, f1, false, 0.25f}}};
+    outer::RelayBundle b{1.0f, 2.0, {{"p0", 1.0, f0, false, 1.0f}, {"p1", 1.0, f1, false, 0.25f}}, {}};
     const auto back = outer::read_relay(outer::write_relay(b));
     REQUIRE(back.parts.size() == 2);
     CHECK(back.parts[0].clip == 1.0f);
@@ -1026,7 +1026,7 @@ TEST_SUITE("outer") {
     }
     const outer::RelayBundle b{0.75f, 4.0, {{"p0", 1.0, frames[0], false},
                                            {"p1", 2.0, frames[1], false},
-                                           {"p2", 1.0, frames[2], false}}};
+                                           {"p2", 1.0, frames[2], false}}, {}};
     torch::manual_seed(9);
     const auto theta0 = torch::randn({layout.numel});
     auto theta = theta0.clone();
@@ -1120,6 +1120,11 @@ TEST_SUITE("outer") {
       auto clipped = theta0.clone();
       outer::RelayBuffers buf4;
       CHECK_FALSE(outer::apply_relay(dec, b, clipped, layout, common::RelayMean::kClipped, clip, buf4).has_value());
+      // The frames are read sparsely: no frame's values written out densely (no `values`
+      // buffer without a trust region) and nothing kept per element and frame (one block's
+      // sent positions at most).
+      CHECK_FALSE(buf4.values.defined());
+      CHECK(buf4.sent.capacity() <= 256);
       int64_t credited = 0, capped = 0;
       for (int64_t i = 0; i < layout.numel; ++i) {
         const auto [a, w] = sums(i);
