@@ -50,6 +50,9 @@ class OuterOptimizer {
   double lr_, mu_;
   bool nesterov_;
   torch::Tensor momentum_;
+  // non_finite_at's copies of one chunk of θ and the momentum, allocated once: a check that
+  // allocated them per chunk page-faulted in 2 × the model's bytes every round.
+  mutable torch::Tensor chunk_theta_, chunk_momentum_;
 };
 
 }  // namespace xloco::outer
