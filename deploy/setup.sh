@@ -31,7 +31,7 @@ PACKAGES=(
 # The dashboard's test in a real headless browser, and a font for its screenshots: not in the
 # images (XLOCO_SETUP_IMAGE=1), where they would add ~300 MB to every pull.
 if [ "${XLOCO_SETUP_IMAGE:-0}" != 1 ]; then
-  PACKAGES+=(chromium fonts-dejavu-core)
+  PACKAGES+=(chromium fonts-dejavu-core python3-pip)
 fi
 PACKAGES+=(${XLOCO_EXTRA_PACKAGES:-})
 
@@ -42,23 +42,39 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# From PyPI, pinned, for the tests only (not in the images): lizard measures function lengths
+# (tests/structure_check.py).
+PYPI=(lizard==1.24.3)
+
+install_pypi() {
+  [ "${XLOCO_SETUP_IMAGE:-0}" != 1 ] || return 0
+  python3 -c "import lizard" 2>/dev/null && return 0
+  echo "setup: installing from PyPI: ${PYPI[*]}"
+  local where=()
+  [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ] || where=(--user)
+  $SUDO python3 -m pip install --quiet --break-system-packages "${where[@]}" "${PYPI[@]}" ||
+    echo "setup: could not install ${PYPI[*]}: the tests that need it report themselves skipped" >&2
+}
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
+  install_pypi
   exit 0
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO="sudo"
-  else
-    echo "setup: missing packages: ${missing[*]}" >&2
-    echo "setup: run as root (or install sudo) so that they can be installed with apt-get" >&2
-    exit 1
-  fi
+if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
+  echo "setup: missing packages: ${missing[*]}" >&2
+  echo "setup: run as root (or install sudo) so that they can be installed with apt-get" >&2
+  exit 1
 fi
 echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_pypi
 echo "setup: done"

@@ -1,5 +1,5 @@
 // `xloco advise --params N --step-s S[,S...] --link-mbit M[,M...] [--providers K]`: the setting
-// (H, codecs, overlap) that keeps every provider busy, from the pure rule in outer/advise.h,
+// (H, codecs, overlap) that keeps every provider busy, from the pure rule in outer/round/advise.h,
 // with its predicted utilization, bytes and round time, and the --set flags that make it.
 #include <iostream>
 #include <memory>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "outer/advise.h"
+#include "outer/round/advise.h"
 
 namespace xloco::cli {
 

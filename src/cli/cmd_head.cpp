@@ -13,12 +13,12 @@
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "common/text.h"
+#include "inner/data.h"
 #include "inner/runtime.h"
 #include "net/keys.h"
 #include "net/zmq/transport.h"
-#include "outer/head.h"
-#include "outer/status_http.h"
-#include "inner/data.h"
+#include "outer/head/head.h"
+#include "outer/status/status_http.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;

@@ -18,9 +18,9 @@
 #include "common/error.h"
 #include "common/metrics.h"
 #include "common/process.h"
-#include "net/keys.h"
-#include "outer/documents.h"
 #include "inner/data.h"
+#include "net/keys.h"
+#include "outer/status/documents.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
-#include "outer/status_http.h"
+#include "outer/status/status_http.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;

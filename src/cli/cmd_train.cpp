@@ -15,12 +15,12 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/safetensors.h"
-#include "inner/checkpoint.h"
 #include "inner/blas_core.h"
-#include "inner/runtime.h"
-#include "inner/trainer.h"
+#include "inner/checkpoint.h"
 #include "inner/data.h"
 #include "inner/hf.h"
+#include "inner/runtime.h"
+#include "inner/trainer.h"
 
 namespace xloco::cli {
 namespace {

@@ -9,13 +9,13 @@
 #include "cli/launch.h"
 #include "common/config.h"
 #include "common/error.h"
-#include "inner/dist.h"
 #include "inner/blas_core.h"
+#include "inner/data.h"
+#include "inner/dist.h"
 #include "inner/runtime.h"
 #include "net/keys.h"
 #include "net/zmq/transport.h"
-#include "outer/provider.h"
-#include "inner/data.h"
+#include "outer/provider/provider.h"
 
 namespace xloco::cli {
 namespace fs = std::filesystem;

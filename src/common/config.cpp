@@ -672,6 +672,15 @@ json merge_document(const json& file, const std::vector<std::string>& overrides)
 
 }  // namespace
 
+Config parse_stored_config(json j) {
+  if (j.is_object() && j.contains("outer") && j["outer"].is_object() &&
+      j["outer"].value("codec_down", json()) == "relay") {
+    j["outer"].erase("codec_down");
+    j["outer"]["downlink"] = "relay";
+  }
+  return parse_config(j);
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   json j = merge_document(read_config_file(path), overrides);
   infer_dataset(j);

@@ -18,8 +18,8 @@ enum class DatasetKind { kKjv, kFmnist, kTokens };
 enum class Sharding { kIid, kBooks, kDirichlet, kContiguous };
 enum class ModelKind { kGpt, kCnn, kTorchScript };
 enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk };
-// How a round's update reaches the providers (outer/downlink.h): requantized by
-// outer.codec_down, or the round's accepted uplink frames themselves (outer/relay.h).
+// How a round's update reaches the providers (outer/round/downlink.h): requantized by
+// outer.codec_down, or the round's accepted uplink frames themselves (outer/round/relay.h).
 enum class Downlink { kQuantized, kRelay };
 enum class Kernels { kFused, kAten };
 enum class Overlap { kNone, kDelayed };
@@ -99,7 +99,7 @@ struct OuterConfig {
   bool nesterov = true;          // Nesterov momentum (DiLoCo)
   CodecKind codec_up = CodecKind::kInt8;    // provider -> head pseudo-gradient: fp32 | bf16 | int8 | int4 | topk
   // "quantized": θ_true − θ_pub requantized by codec_down; "relay": the round's accepted uplink
-  // frames themselves, applied alike on every replica (outer/relay.h; outer SGD only).
+  // frames themselves, applied alike on every replica (outer/round/relay.h; outer SGD only).
   Downlink downlink = Downlink::kQuantized;
   CodecKind codec_down = CodecKind::kInt8;  // head -> provider update (downlink "quantized")
   // With downlink "relay", what each element of the relayed sum is divided by. "all": the
@@ -216,6 +216,10 @@ std::string config_hash(const Config& c);
 
 // Parses and validates; throws ConfigError naming the field, the value and the allowed range.
 Config parse_config(const nlohmann::json& j);
+// A config a run wrote earlier (a checkpoint's state.json), parsed as it meant: a relayed
+// downlink written as outer.codec_down "relay" (before outer.downlink) is read as
+// outer.downlink "relay". A config a user gives is refused for it instead (parse_config).
+Config parse_stored_config(nlohmann::json j);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Applies "a.b=value" (value parsed as JSON, else taken as a string) to a JSON document.
 void apply_override(nlohmann::json& j, const std::string& assignment);

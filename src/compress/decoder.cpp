@@ -197,6 +197,9 @@ void Decoder::visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
                            const BlockVisitor& visit) {
   const TensorEntry& e = info.tensors[i];
   const uint64_t block = info.block_size > 0 ? info.block_size : std::max<uint64_t>(e.numel, 1);
+  XLOCO_FRAME_ENFORCE(block <= UINT32_MAX, kOverLimit,
+                      "tensor '{}': a block of {} elements is more than one visit can carry",
+                      quote(e.name), block);
   if (info.codec == Codec::kTopk) {
     block_values_.resize(std::min<uint64_t>(info.topk, block));
     block_pos_.resize(block_values_.size());

@@ -65,8 +65,8 @@ class Decoder {
   // tensor in order: blocks of the frame's block size (a codec without blocks: the tensor as
   // one), with the values the frame carries there. After the checks decode() makes against
   // `targets` (names and shapes; their data is neither read nor written), so `visit` sees only
-  // a frame decode() would accept. Memory: as decode(), plus one block's values; a topk frame
-  // is never written out densely.
+  // a frame decode() would accept. Memory: as decode(), plus one block's values (topk: a topk
+  // frame is never written out densely) or one tensor's (a dense codec).
   void for_each_block(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
                       const BlockVisitor& visit);
 

@@ -45,7 +45,7 @@ class Encoder {
   // none; neither does an encoder with error feedback off.
   const std::vector<float>* residual(std::string_view name) const;
   void reset_residuals();
-  // Puts back a residual saved from residual() (a provider restarting, outer/provider.cpp).
+  // Puts back a residual saved from residual() (a provider restarting, outer/provider/provider.cpp).
   // Throws FrameError(kMismatch) when this encoder keeps no residuals (fp32, or feedback off),
   // and FrameError(kNonFinite) on a NaN or Inf; the next encode checks its size as usual.
   void set_residual(std::string_view name, std::vector<float> values);

@@ -40,7 +40,7 @@ LoadedModel load_model_checkpoint(const std::string& dir, const std::string& dev
   const auto state = common::read_checkpoint_state(dir);
   XLOCO_ENFORCE(state.contains("config"), common::IoError, "{}/state.json has no config", dir);
   LoadedModel out;
-  out.config = common::parse_config(state["config"]);
+  out.config = common::parse_stored_config(state["config"]);
   // Train checkpoints count inner steps; head checkpoints count rounds of outer.inner_steps.
   out.step = state.contains("step") ? state["step"].get<int64_t>()
                                     : state.value("round", int64_t{0}) * out.config.outer.inner_steps;

@@ -106,10 +106,10 @@ struct Contribution {  // provider → head: its compressed pseudo-gradient for 
   double train_loss = -1;    // its mean training loss over the round's steps (the dashboard's
                              // training curve); < 0: not reported (a provider before it)
 };
-// An UPDATE's frames after its first: a relayed round's uplink frames (outer/relay.h).
+// An UPDATE's frames after its first: a relayed round's uplink frames (outer/round/relay.h).
 inline constexpr std::size_t kMaxUpdateParts = 4096;
 struct Update {   // head → providers: the compressed outer update closing `round`
-  Frame payload;  // one binary codec frame, or a relayed round's header (outer/relay.h)
+  Frame payload;  // one binary codec frame, or a relayed round's header (outer/round/relay.h)
   std::vector<Frame> parts;  // a relayed round: the frames its header names, each shared
   std::size_t bytes() const noexcept {
     std::size_t n = payload.size();

@@ -60,6 +60,10 @@ struct LinkState {
 struct TransportLimits {
   std::int64_t max_frame_bytes = -1;  // a bigger incoming frame is refused before any is stored
   std::int64_t queue_bytes = -1;      // per-peer send budget (beyond it send() returns kFull)
+  // Frames in one incoming message: more is refused at its start, before anything is stored
+  // (-1: any the wire carries, an UPDATE's 2 + protocol.h kMaxUpdateParts). The head takes
+  // nothing longer than a CONTRIBUTION (2), so a peer cannot make it hold thousands of buffers.
+  std::int64_t max_frames = -1;
 };
 
 struct Received {

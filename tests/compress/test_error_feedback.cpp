@@ -87,7 +87,7 @@ TEST_SUITE("error_feedback") {
   }
 
   TEST_CASE("a residual put back into a new encoder continues the stream bit for bit") {
-    // What a restarted provider does (outer/provider.cpp): save residual(), restart, set_residual.
+    // What a restarted provider does (outer/provider/provider.cpp): save residual(), restart, set_residual.
     CodecConfig config;
     config.codec = Codec::kInt8;
     Encoder first(config), twin(config);

@@ -82,6 +82,12 @@ TEST_SUITE("config") {
                          doctest::Contains("model.kind = cnn"), ConfigError);
     // relay is the downlink's strategy (outer.downlink), not a codec: an old config naming it as
     // one is refused with the new key named; and outer SGD only.
+    // A checkpoint written before outer.downlink (its state.json's config) still reads, as relay.
+    const auto stored = xloco::common::parse_stored_config(
+        json{{"outer", {{"codec_down", "relay"}, {"momentum", 0}}}});
+    CHECK(stored.outer.downlink == xloco::common::Downlink::kRelay);
+    CHECK(xloco::common::config_hash(stored) ==
+          xloco::common::config_hash(parse_config(json{{"outer", {{"downlink", "relay"}, {"momentum", 0}}}})));
     for (const char* key : {"codec_up", "codec_down"}) {
       CAPTURE(key);
       CHECK_THROWS_WITH_AS(parse_config(json{{"outer", {{key, "relay"}, {"momentum", 0}}}}),

@@ -24,9 +24,9 @@
 #include "net/keys.h"
 #include "net/protocol.h"
 #include "net/zmq/transport.h"
-#include "outer/membership.h"
-#include "outer/round.h"
-#include "outer/status_http.h"
+#include "outer/head/membership.h"
+#include "outer/round/round.h"
+#include "outer/status/status_http.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 #include <doctest/doctest.h>

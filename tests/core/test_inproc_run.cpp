@@ -21,10 +21,6 @@
 #include <mutex>
 #include <thread>
 
-#include "helpers.h"
-#include "inner/dist.h"
-#include "inner/runtime.h"
-#include "net/inproc/transport.h"
 #include "common/checkpoint.h"
 #include "common/json_text.h"
 #include "common/layout.h"
@@ -32,11 +28,15 @@
 #include "compress/decoder.h"
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
-#include "outer/documents.h"
-#include "outer/status_http.h"
-#include "outer/head.h"
-#include "outer/link.h"
-#include "outer/provider.h"
+#include "helpers.h"
+#include "inner/dist.h"
+#include "inner/runtime.h"
+#include "net/inproc/transport.h"
+#include "outer/head/head.h"
+#include "outer/provider/link.h"
+#include "outer/provider/provider.h"
+#include "outer/status/documents.h"
+#include "outer/status/status_http.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 
@@ -262,7 +262,7 @@ net::Frame frame_as(const common::FlatLayout& layout, const torch::Tensor& value
 
 // The head stops after round 4 as if killed (its providers cut: no BYE gets out) and restarts
 // from its checkpoint; the providers rejoin and the run ends with θ_pub agreeing everywhere.
-// outer.downlink = relay (outer/relay.h) on a topk uplink, outer SGD.
+// outer.downlink = relay (outer/round/relay.h) on a topk uplink, outer SGD.
 void use_relay(common::Config& c) {
   c.outer.codec_up = common::CodecKind::kTopk;
   c.outer.downlink = common::Downlink::kRelay;
@@ -415,8 +415,9 @@ TEST_SUITE("inproc_run") {
       for (const auto& h : hashes) CHECK(hash != h);
       hashes.push_back(hash);
     }
-    // The round's bundle holds the three frames; each provider is sent it without its own:
-    // 3 × bundle − Σ frames, to the byte (rounds after the first: nothing else went down).
+    // The round's update holds the three frames (a header beside them); each provider is sent
+    // it without its own: 3 × update − Σ frames, to the byte (rounds after the first: nothing
+    // else went down).
     const auto& rounds = run.verdicts.rounds;
     for (size_t i = 1; i < rounds.size(); ++i) {
       CAPTURE(rounds[i].round);

@@ -7,16 +7,16 @@
 #include <cstring>
 #include <limits>
 
+#include "common/json_text.h"
+#include "common/log_limit.h"
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
-#include "outer/aggregate.h"
-#include "outer/attack.h"
-#include "outer/leader_rules.h"
-#include "common/json_text.h"
-#include "outer/documents.h"
-#include "outer/membership.h"
-#include "outer/outer_opt.h"
-#include "common/log_limit.h"
+#include "outer/head/membership.h"
+#include "outer/provider/attack.h"
+#include "outer/provider/leader_rules.h"
+#include "outer/round/aggregate.h"
+#include "outer/round/outer_opt.h"
+#include "outer/status/documents.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 

@@ -22,25 +22,25 @@
 
 #include "common/config.h"
 #include "common/safetensors.h"
+#include "compress/encoder.h"
+#include "compress/error.h"
+#include "compress/torch_adapter.h"
 #include "helpers.h"
 #include "inner/trainer.h"
-#include "compress/encoder.h"
-#include "compress/torch_adapter.h"
-#include "outer/advise.h"
-#include "outer/documents.h"
-#include "outer/global_model.h"
-#include "outer/membership.h"
-#include "outer/outer_opt.h"
-#include "outer/aggregate.h"
-#include "outer/pace.h"
-#include "outer/relay.h"
-#include "compress/error.h"
+#include "outer/head/global_model.h"
+#include "outer/head/membership.h"
+#include "outer/round/advise.h"
+#include "outer/round/aggregate.h"
+#include "outer/round/outer_opt.h"
+#include "outer/round/pace.h"
+#include "outer/round/relay.h"
+#include "outer/status/documents.h"
 #include <cstring>
 #include "inner/data.h"
 #include "inner/dist.h"
 #include "inner/model.h"
-#include "outer/round.h"
-#include "outer/sync.h"
+#include "outer/round/round.h"
+#include "outer/round/sync.h"
 
 // Last: LibTorch may pull in glog, whose CHECK would shadow doctest's.
 
@@ -959,6 +959,11 @@ TEST_SUITE("outer") {
     CHECK(kind(good, {frames[0]}) == compress::FrameErrorKind::kTruncated);
     CHECK(kind(good, {frames[0], frames[1], frames[1]}) == compress::FrameErrorKind::kCorrupt);
     CHECK(kind(good, {frames[0], net::Frame::copy_of(frames[1].data(), frames[1].size() - 1)}) ==
+          compress::FrameErrorKind::kCorrupt);
+    // A provider named twice (so a receiver could be told to fill in its own frame twice).
+    auto twice = b;
+    twice.parts[1].peer = "p0";
+    CHECK(kind(outer::write_relay(twice).payload.to_vector(), frames) ==
           compress::FrameErrorKind::kCorrupt);
   }
 

@@ -281,7 +281,27 @@ TEST_SUITE("net.zmq") {
     REQUIRE(got.has_value());
     CHECK(got->message[0].view() == "ping");
     CHECK(head.capture.sink->count("a stream of 9437184 bytes is over max_frame_bytes (4194304)") == 1);
-    CHECK(head.capture.sink->count("a stream of 4099 frames; xloco sends at most 4098") == 1);
+    CHECK(head.capture.sink->count("a stream of 4099 frames; this end takes at most 4098") == 1);
+    // An end that takes at most 2 frames a message (the head: a CONTRIBUTION is the longest it
+    // receives) refuses 3 at the stream's start, and in one whole message, before storing them.
+    head.server->set_limits({4 << 20, -1, 2});
+    std::uint8_t small3[2 + 8 + 3 * 8] = {2, 1};
+    put(small3 + 2, 7);
+    for (int i = 0; i < 3; ++i) put(small3 + 10 + 8 * i, 1);
+    REQUIRE(raw.send(::zmq::buffer(small3), ::zmq::send_flags::none));
+    const std::uint8_t whole3[] = {2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                   1, 0, 0, 0, 0, 0, 0, 0};
+    REQUIRE(raw.send(::zmq::buffer(whole3), ::zmq::send_flags::sndmore));
+    REQUIRE(raw.send(::zmq::str_buffer("a"), ::zmq::send_flags::sndmore));
+    REQUIRE(raw.send(::zmq::str_buffer("b"), ::zmq::send_flags::sndmore));
+    REQUIRE(raw.send(::zmq::str_buffer("c"), ::zmq::send_flags::none));
+    REQUIRE(raw.send(::zmq::buffer(good), ::zmq::send_flags::sndmore));
+    REQUIRE(raw.send(::zmq::str_buffer("pong"), ::zmq::send_flags::none));
+    got = head.server->receive(kPatience);
+    REQUIRE(got.has_value());
+    CHECK(got->message[0].view() == "pong");
+    CHECK(head.capture.sink->count("a stream of 3 frames; this end takes at most 2") == 1);
+    CHECK(head.capture.sink->count("a message of 3 frames; this end takes at most 2") == 1);
   }
 
   TEST_CASE("send never waits: a peer that does not read fills only its own queue, which stalls and then refuses") {

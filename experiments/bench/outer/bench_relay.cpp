@@ -1,4 +1,4 @@
-// Applying one relayed round (outer/relay.h apply_relay) to a 101 M-parameter θ, as a provider
+// Applying one relayed round (outer/round/relay.h apply_relay) to a 101 M-parameter θ, as a provider
 // does each round: K topk frames, the K − 1 it downloads and its own (176 of every 4096, 2
 // bits, as the harness's relay runs; K = 4, 16, 64), outer.relay_mean "all", "present" and "clipped" (relay_clip 2; mean = 0, 1,
 // 2), and a memcpy of θ in the same run as the reference. Bytes processed: θ's fp32 bytes per
@@ -16,7 +16,7 @@
 #include "common/layout.h"
 #include "compress/encoder.h"
 #include "compress/torch_adapter.h"
-#include "outer/relay.h"
+#include "outer/round/relay.h"
 
 namespace {
 

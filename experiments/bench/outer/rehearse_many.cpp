@@ -1,5 +1,5 @@
 // `make rehearse-many` (experiments/rehearse_many.sh): K simulated providers for a real head.
-// Each is a provider leader's own link code (outer/link.h over a CURVE ZeroMQ client, with its
+// Each is a provider leader's own link code (outer/provider/link.h over a CURVE ZeroMQ client, with its
 // heartbeats) without its inner steps: it says HELLO with the θ₀ hash the head has (so no state
 // is sent), and answers every ROUND_START at once with a pre-encoded uplink frame of the run's
 // model (outer.codec_up, e.g. topk 176 of 4096 at 2 bits; `--frames` distinct ones, provider i
@@ -33,8 +33,8 @@
 #include "inner/trainer.h"
 #include "net/keys.h"
 #include "net/zmq/transport.h"
-#include "outer/link.h"
-#include "outer/sync.h"
+#include "outer/provider/link.h"
+#include "outer/round/sync.h"
 
 namespace {
 

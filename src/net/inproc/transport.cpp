@@ -13,10 +13,13 @@ using Clock = std::chrono::steady_clock;
 // While a send queue waits on a full mailbox, receive() and poll() look again this often.
 constexpr std::chrono::milliseconds kPumpInterval{5};
 
-bool over_limit(const Message& message, std::int64_t max_frame_bytes) {
-  if (max_frame_bytes < 0) return false;
+bool over_limit(const Message& message, const TransportLimits& limits) {
+  if (limits.max_frames >= 0 && message.size() > static_cast<std::uint64_t>(limits.max_frames)) {
+    return true;
+  }
+  if (limits.max_frame_bytes < 0) return false;
   for (const Frame& f : message) {
-    if (f.size() > static_cast<std::uint64_t>(max_frame_bytes)) return true;
+    if (f.size() > static_cast<std::uint64_t>(limits.max_frame_bytes)) return true;
   }
   return false;
 }
@@ -47,7 +50,7 @@ class Endpoint final : public Transport {
   std::optional<Received> receive(std::chrono::milliseconds timeout) override {
     for (const auto deadline = Clock::now() + timeout;;) {
       auto received = take(deadline, /*pop=*/true);
-      if (received && !over_limit(received->message, limits_.max_frame_bytes)) return received;
+      if (received && !over_limit(received->message, limits_)) return received;
       if (!received) return std::nullopt;
     }
   }

@@ -125,7 +125,8 @@ bool Links::pump(::zmq::socket_t& socket, const PeerId& peer, const std::string*
 std::optional<Message> Links::take(const PeerId& peer, std::vector<::zmq::message_t>& parts,
                                    std::size_t first, spdlog::logger& logger) {
   std::string error;
-  auto message = incoming_[peer].take(parts, first, limits_.max_frame_bytes, error);
+  auto message = incoming_[peer].take(parts, first, limits_.max_frame_bytes, error,
+                                      limits_.max_frames);
   if (error.empty()) return message;
   if (const auto v = log_limit_.check(peer); v.log) {
     logger.warn("net: dropped a message from {}: {}{}", peer, error, common::LogLimiter::note(v));

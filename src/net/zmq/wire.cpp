@@ -78,7 +78,13 @@ Frame adopt(::zmq::message_t&& part) {
 
 // Memory backed by huge pages where the kernel allows: a fresh 64 MiB buffer otherwise takes
 // 16384 page faults, which on the project's VMs cost more than decrypting it.
+// A frame under a huge page gets plain memory of its own size.
 std::shared_ptr<std::uint8_t> frame_buffer(std::size_t size) {
+  if (size < kHugePage) {
+    auto* small = static_cast<std::uint8_t*>(std::malloc(std::max<std::size_t>(size, 1)));
+    XLOCO_ENFORCE(small != nullptr, TransportError, "cannot allocate {} bytes for a frame", size);
+    return std::shared_ptr<std::uint8_t>(small, std::free);
+  }
   const std::size_t capacity = (size + kHugePage - 1) / kHugePage * kHugePage;
   auto* bytes = static_cast<std::uint8_t*>(std::aligned_alloc(kHugePage, capacity));
   XLOCO_ENFORCE(bytes != nullptr, TransportError, "cannot allocate {} bytes for a frame", size);
@@ -150,7 +156,11 @@ void Reassembly::reset() {
 }
 
 std::optional<Message> Reassembly::take(std::vector<::zmq::message_t>& parts, std::size_t first,
-                                        std::int64_t max_frame_bytes, std::string& error) {
+                                        std::int64_t max_frame_bytes, std::string& error,
+                                        std::int64_t max_frames) {
+  const std::size_t frames_cap =
+      max_frames < 0 ? kMaxStreamFrames
+                     : std::min(kMaxStreamFrames, static_cast<std::size_t>(max_frames));
   error.clear();
   if (first >= parts.size() || parts[first].size() < 2) {
     error = "no header part";
@@ -163,10 +173,14 @@ std::optional<Message> Reassembly::take(std::vector<::zmq::message_t>& parts, st
     return std::nullopt;
   }
   const std::size_t extra_parts = parts.size() - first - 1;
-  if (in[1] == kStart) return start(in, size, extra_parts, max_frame_bytes, error);
+  if (in[1] == kStart) return start(in, size, extra_parts, max_frame_bytes, frames_cap, error);
   if (in[1] == kChunk) return chunk(in, size, parts, first, error);
   if (in[1] != kWhole || size < 10 || (size - 2) % 8 != 0 || (size - 2) / 8 != extra_parts) {
     error = fmt::format("malformed header part ({} bytes, {} parts)", size, extra_parts);
+    return std::nullopt;
+  }
+  if (extra_parts > frames_cap) {
+    error = fmt::format("a message of {} frames; this end takes at most {}", extra_parts, frames_cap);
     return std::nullopt;
   }
   std::size_t total = 0;
@@ -186,7 +200,7 @@ std::optional<Message> Reassembly::take(std::vector<::zmq::message_t>& parts, st
 
 std::optional<Message> Reassembly::start(const std::uint8_t* in, std::size_t size,
                                          std::size_t parts, std::int64_t max_frame_bytes,
-                                         std::string& error) {
+                                         std::size_t max_frames, std::string& error) {
   if (size < 18 || (size - 10) % 8 != 0 || parts != 0) {
     error = fmt::format("malformed stream start ({} bytes, {} parts)", size, parts);
     return std::nullopt;
@@ -197,8 +211,8 @@ std::optional<Message> Reassembly::start(const std::uint8_t* in, std::size_t siz
   }
   reset();
   const std::size_t n = (size - 10) / 8;
-  if (n > kMaxStreamFrames) {
-    error = fmt::format("a stream of {} frames; xloco sends at most {}", n, kMaxStreamFrames);
+  if (n > max_frames) {
+    error = fmt::format("a stream of {} frames; this end takes at most {}", n, max_frames);
     refused_ = get_u64(in + 2);
     return std::nullopt;
   }

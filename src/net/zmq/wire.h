@@ -55,14 +55,17 @@ class Reassembly {
   // Takes one received ZeroMQ message, parts[first] being its header. Returns a whole Message
   // when one is complete; nullopt with `error` empty for a chunk taken, or with `error` saying
   // why the ZeroMQ message (and any stream it belongs to) was dropped.
+  // `max_frames` (< 0: the wire's own cap) bounds the frames of one message.
   std::optional<Message> take(std::vector<::zmq::message_t>& parts, std::size_t first,
-                              std::int64_t max_frame_bytes, std::string& error);
+                              std::int64_t max_frame_bytes, std::string& error,
+                              std::int64_t max_frames = -1);
   std::size_t held_bytes() const { return received_; }  // of a stream in progress
   std::uint64_t skipped_chunks() const { return skipped_; }  // of refused streams
 
  private:
   std::optional<Message> start(const std::uint8_t* in, std::size_t size, std::size_t parts,
-                               std::int64_t max_frame_bytes, std::string& error);
+                               std::int64_t max_frame_bytes, std::size_t max_frames,
+                               std::string& error);
   std::optional<Message> chunk(const std::uint8_t* in, std::size_t size,
                                std::vector<::zmq::message_t>& parts, std::size_t first,
                                std::string& error);

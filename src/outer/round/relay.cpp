@@ -1,0 +1,367 @@
+#include "outer/round/relay.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "common/text.h"
+#include "compress/error.h"
+#include "compress/torch_adapter.h"
+
+// Compiled with -ffp-contract=off (CMakeLists.txt): each multiply and subtract below rounds
+// once, the same on every machine, so that replicas stay bit-identical.
+
+namespace xloco::outer {
+namespace {
+
+template <typename T>
+void put(std::vector<uint8_t>& out, T v) {
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(const net::Frame& f) : f_(f) {}
+  template <typename T>
+  T get(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, f_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  void need(uint64_t n, const char* what) const {
+    XLOCO_FRAME_ENFORCE(n <= f_.size() - pos_, kTruncated,
+                        "relayed update header of {} bytes ends at offset {} inside {} ({} bytes needed)",
+                        f_.size(), pos_, what, n);
+  }
+  size_t pos() const { return pos_; }
+  void skip(uint64_t n) { pos_ += n; }
+  const net::Frame& frame() const { return f_; }
+
+ private:
+  const net::Frame& f_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+namespace {
+
+// Part #i of a relayed update's header, its frame (unless it is the receiver's own) the next
+// of u.parts, each field checked before it is used.
+RelayPart read_part(Reader& r, uint32_t i, const net::Update& u, size_t& next) {
+  RelayPart p;
+  const auto name_len = r.get<uint16_t>("a part's name length");
+  XLOCO_FRAME_ENFORCE(name_len <= kMaxRelayName, kOverLimit,
+                      "relay part #{}: name of {} bytes, limit {}", i, name_len, kMaxRelayName);
+  r.need(name_len, "a part's name");
+  p.peer.assign(reinterpret_cast<const char*>(r.frame().data() + r.pos()), name_len);
+  r.skip(name_len);
+  const std::string name = common::printable(p.peer, 64);  // as it may reach a log
+  p.weight = r.get<double>("a part's weight");
+  XLOCO_FRAME_ENFORCE(std::isfinite(p.weight) && p.weight > 0, kCorrupt,
+                      "relay part #{} ('{}'): weight {}", i, name, p.weight);
+  p.clip = r.get<float>("a part's clip factor");
+  XLOCO_FRAME_ENFORCE(p.clip > 0 && p.clip <= 1, kCorrupt,
+                      "relay part #{} ('{}'): clip factor {} outside (0, 1]", i, name, p.clip);
+  const auto flags = r.get<uint8_t>("a part's flags");
+  XLOCO_FRAME_ENFORCE((flags & ~1u) == 0, kCorrupt, "relay part #{} ('{}'): unknown flags {:#x}",
+                      i, name, flags);
+  p.own = (flags & 1u) != 0;
+  const auto bytes = r.get<uint64_t>("a part's frame size");
+  XLOCO_FRAME_ENFORCE(!p.own || bytes == 0, kCorrupt,
+                      "relay part #{} ('{}') is left out but carries {} bytes", i, name, bytes);
+  if (!p.own) {
+    XLOCO_FRAME_ENFORCE(next < u.parts.size(), kTruncated,
+                        "relay part #{} ('{}'): the update has {} frames after its header", i,
+                        name, u.parts.size());
+    p.frame = u.parts[next++];
+    XLOCO_FRAME_ENFORCE(p.frame.size() == bytes && bytes > 0, kCorrupt,
+                        "relay part #{} ('{}'): {} bytes declared, its frame has {}", i, name,
+                        bytes, p.frame.size());
+  }
+  return p;
+}
+
+}  // namespace
+
+RelayRule relay_rule_of(const common::Config& config) {
+  return {config.outer.relay_mean, config.outer.relay_clip, trust_region_of(config)};
+}
+
+bool is_relay_update(const net::Update& u) {
+  return u.payload.size() >= sizeof(kRelayMagic) &&
+         std::memcmp(u.payload.data(), kRelayMagic, sizeof(kRelayMagic)) == 0;
+}
+
+net::Update write_relay(const RelayBundle& b, const std::string& receiver) {
+  net::Update u;
+  std::vector<uint8_t> out(kRelayMagic, kRelayMagic + sizeof(kRelayMagic));
+  put<uint16_t>(out, kRelayVersion);
+  put<uint16_t>(out, 0);
+  put<uint32_t>(out, static_cast<uint32_t>(b.parts.size()));
+  put<float>(out, b.lr);
+  put<double>(out, b.weight_sum);
+  put<uint8_t>(out, static_cast<uint8_t>(b.rule.mean));
+  put<double>(out, b.rule.clip);
+  put<double>(out, b.rule.trust.tau);
+  put<double>(out, b.rule.trust.floor);
+  for (const RelayPart& p : b.parts) {
+    const bool own = p.own || (!receiver.empty() && p.peer == receiver);
+    put<uint16_t>(out, static_cast<uint16_t>(p.peer.size()));
+    out.insert(out.end(), p.peer.begin(), p.peer.end());
+    put<double>(out, p.weight);
+    put<float>(out, p.clip);
+    put<uint8_t>(out, own ? 1 : 0);
+    put<uint64_t>(out, own ? 0 : p.frame.size());
+    if (!own) u.parts.push_back(p.frame);  // the received buffer itself
+  }
+  u.payload = net::Frame(std::move(out));
+  return u;
+}
+
+RelayBundle read_relay(const net::Update& u) {
+  const net::Frame& header = u.payload;
+  Reader r(header);
+  r.need(sizeof(kRelayMagic), "the magic");
+  XLOCO_FRAME_ENFORCE(is_relay_update(u), kBadMagic, "not a relayed update (magic)");
+  r.skip(sizeof(kRelayMagic));
+  const auto version = r.get<uint16_t>("the version");
+  XLOCO_FRAME_ENFORCE(version == kRelayVersion, kBadVersion,
+                      "relayed update version {}, this build reads version {}", version,
+                      kRelayVersion);
+  r.get<uint16_t>("the reserved field");
+  const auto count = r.get<uint32_t>("the part count");
+  XLOCO_FRAME_ENFORCE(count <= kMaxRelayParts, kOverLimit, "relayed update of {} parts, limit {}",
+                      count, kMaxRelayParts);
+  RelayBundle b;
+  b.lr = r.get<float>("the outer rate");
+  b.weight_sum = r.get<double>("the weight sum");
+  XLOCO_FRAME_ENFORCE(std::isfinite(b.lr) && b.lr >= 0, kCorrupt,
+                      "relayed update: outer rate {} is not a finite rate", b.lr);
+  XLOCO_FRAME_ENFORCE(std::isfinite(b.weight_sum) && (count == 0 || b.weight_sum > 0), kCorrupt,
+                      "relayed update: weight sum {} for {} parts", b.weight_sum, count);
+  const auto mean = r.get<uint8_t>("the relay mean");
+  XLOCO_FRAME_ENFORCE(mean <= static_cast<uint8_t>(common::RelayMean::kClipped), kCorrupt,
+                      "relayed update: relay mean {} is none of all, present, clipped", mean);
+  b.rule.mean = static_cast<common::RelayMean>(mean);
+  b.rule.clip = r.get<double>("the relay clip");
+  b.rule.trust.tau = r.get<double>("the trust region");
+  b.rule.trust.floor = r.get<double>("the trust floor");
+  XLOCO_FRAME_ENFORCE(std::isfinite(b.rule.clip) && b.rule.clip >= 0 &&
+                          std::isfinite(b.rule.trust.tau) && b.rule.trust.tau >= 0 &&
+                          std::isfinite(b.rule.trust.floor) && b.rule.trust.floor >= 0,
+                      kCorrupt, "relayed update: relay clip {}, trust region {} (floor {})",
+                      b.rule.clip, b.rule.trust.tau, b.rule.trust.floor);
+  b.parts.reserve(count);
+  size_t next = 0;  // the next of u.parts
+  std::set<std::string> names;  // each provider once, so a receiver's own is one part at most
+  for (uint32_t i = 0; i < count; ++i) {
+    b.parts.push_back(read_part(r, i, u, next));
+    XLOCO_FRAME_ENFORCE(names.insert(b.parts.back().peer).second, kCorrupt,
+                        "relay part #{} ('{}') names a provider twice", i,
+                        common::printable(b.parts.back().peer, 64));
+  }
+  XLOCO_FRAME_ENFORCE(r.pos() == header.size(), kCorrupt, "{} bytes after the relay header's end",
+                      header.size() - r.pos());
+  XLOCO_FRAME_ENFORCE(next == u.parts.size(), kCorrupt,
+                      "the relayed update carries {} frames, its header names {}", u.parts.size(),
+                      next);
+  return b;
+}
+
+namespace {
+
+float* sized(torch::Tensor& t, const torch::Tensor& like) {
+  if (!t.defined() || t.numel() != like.numel()) t = torch::empty_like(like);
+  return t.data_ptr<float>();
+}
+
+// f(flat index, x) for each value `p`'s frame carries over `part`, x as the rule takes it:
+// its clip factor applied; and done(block) after each of the frame's blocks, in order (every
+// block, one with nothing sent included). The frame is decoded sparsely (Decoder::for_each_block):
+// a topk frame's unsent elements are never visited and never written anywhere.
+template <class F, class Done>
+void for_each_sent(compress::Decoder& decoder, const RelayPart& p, const common::FlatLayout& part,
+                   const std::vector<compress::TensorRef>& targets, F&& f, Done&& done) {
+  const float k = p.clip;
+  decoder.for_each_block(p.frame.data(), p.frame.size(), targets,
+                         [&](size_t t, const compress::BlockValues& blk) {
+                           const int64_t base = part.slots[t].offset + static_cast<int64_t>(blk.start);
+                           for (uint32_t j = 0; j < blk.n; ++j) {
+                             float x = blk.value[j];
+                             if (k != 1.0f) x = k * x;  // clipped to the median norm by the head
+                             f(base + (blk.pos != nullptr ? blk.pos[j] : j), x);
+                           }
+                           done(base, base + blk.len);
+                         });
+}
+
+// What apply_relay works on: the relayed round over `part`, the rule's flags, and its buffers (the sum,
+// the senders' weight, the credits) sized to θ.
+struct RelayPass {
+  compress::Decoder& decoder;
+  const RelayBundle& b;
+  const common::FlatLayout& part;
+  std::vector<compress::TensorRef> targets;  // part's names and shapes
+  bool present = false, clipped = false;
+  float* a = nullptr;  // Σ wₖ·xₖ
+  float* c = nullptr;  // "present"/"clipped": the senders' weight (then, "clipped", their mean)
+  float* e = nullptr;  // "clipped": the credits of those that did not send
+};
+
+// Pass one, each frame in part order, only the elements it sent: a[i] += w·x (adding w·0 where
+// it sent nothing would change nothing: acc is never −0), and with "present"/"clipped" the
+// senders' weight c[i] += w where x ≠ 0. Returns, "clipped", each frame's smallest magnitude
+// sent in each of its blocks times outer.relay_clip `alpha` (0 for a block it sent nothing in).
+std::vector<std::vector<float>> sum_sent(RelayPass& r, float alpha) {
+  std::vector<std::vector<float>> least_sent(r.clipped ? r.b.parts.size() : 0);
+  float* a = r.a;
+  float* c = r.c;
+  for (size_t q = 0; q < r.b.parts.size(); ++q) {
+    const RelayPart& p = r.b.parts[q];
+    const auto w = static_cast<float>(p.weight);
+    float least = std::numeric_limits<float>::infinity();
+    for_each_sent(
+        r.decoder, p, r.part, r.targets,
+        [&](int64_t i, float x) {
+          if (!r.present) {
+            a[i] = a[i] + w * x;
+            return;
+          }
+          if (x == 0.0f) return;  // sent as 0: as if not sent
+          a[i] = a[i] + w * x;
+          c[i] = c[i] + w;
+          least = std::min(least, std::fabs(x));
+        },
+        [&](int64_t, int64_t) {
+          if (r.clipped) least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
+          least = std::numeric_limits<float>::infinity();
+        });
+  }
+  return least_sent;
+}
+
+// "clipped": c becomes m, the senders' mean; then each frame that did not send an element is
+// credited there with m clipped to its least value sent in that block times the clip: extra =
+// Σ_{q not sent} w_q·sign(m)·min(|m|, least_q), in part order. An element none sent has m = 0
+// and gets nothing. Which elements a frame sent: its frame walked again, block by block, beside
+// the dense walk (where it sent, + 0 would change nothing: e is never −0).
+void credit_unsent(RelayPass& r, const std::vector<std::vector<float>>& least_sent,
+                   std::vector<int64_t>& sent) {
+  const float* a = r.a;
+  float* c = r.c;
+  float* e = r.e;
+  for (const auto& s : r.part.slots) {
+    std::fill(e + s.offset, e + s.offset + s.numel, 0.0f);
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) c[i] = c[i] > 0.0f ? a[i] / c[i] : 0.0f;
+  }
+  for (size_t q = 0; q < r.b.parts.size(); ++q) {
+    const RelayPart& p = r.b.parts[q];
+    const auto w = static_cast<float>(p.weight);
+    size_t blk = 0;
+    sent.clear();
+    for_each_sent(
+        r.decoder, p, r.part, r.targets,
+        [&](int64_t i, float x) {
+          if (x != 0.0f) sent.push_back(i);
+        },
+        [&](int64_t lo, int64_t hi) {
+          const float f = least_sent[q][blk++];
+          size_t next = 0;
+          for (int64_t i = lo; i < hi; ++i) {
+            if (next < sent.size() && sent[next] == i) {
+              ++next;
+              continue;
+            }
+            e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+          }
+          sent.clear();
+        });
+  }
+}
+
+// The new θ into acc first: θ stays as it was unless every value is finite. With a trust
+// region, each trained tensor's mean goes to `values` first, to be measured and scaled.
+std::optional<int64_t> step_theta(RelayPass& r, torch::Tensor& theta, const TrustRegion& trust,
+                                  RelayBuffers& buf) {
+  float* a = r.a;
+  const float* c = r.c;
+  const float* e = r.e;
+  const float* t = theta.data_ptr<float>();
+  const float lr = r.b.lr;
+  const auto sum = static_cast<float>(r.b.weight_sum);
+  const int64_t trained = r.part.trained_numel();
+  const auto mean_at = [&](int64_t i) {  // the round's mean at element i
+    return r.clipped    ? (a[i] + e[i]) / sum
+           : !r.present ? a[i] / sum
+           : c[i] > 0.0f ? a[i] / c[i]
+                         : 0.0f;
+  };
+  const bool region = trust.tau > 0;
+  float* dv = region ? sized(buf.values, theta) : nullptr;
+  for (const auto& s : r.part.slots) {
+    const bool measured = region && s.offset < trained;
+    float scale = 1.0f;
+    if (measured) {
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) dv[i] = mean_at(i);
+      const auto v = trust_verdict(dv + s.offset, t + s.offset, s.numel, lr, trust);
+      scale = v.scale;
+      buf.trust_ratio = std::max(buf.trust_ratio, v.ratio);
+      buf.trust_scaled += scale < 1.0f ? 1 : 0;
+    }
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+      float d = measured ? dv[i] : mean_at(i);
+      if (scale != 1.0f) d = scale * d;
+      // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
+      a[i] = i < trained ? t[i] - lr * d : t[i] - d;
+      if (!std::isfinite(a[i])) return i;
+    }
+  }
+  float* out = theta.data_ptr<float>();
+  for (const auto& s : r.part.slots) std::copy(a + s.offset, a + s.offset + s.numel, out + s.offset);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
+                                   torch::Tensor& theta, const common::FlatLayout& part,
+                                   common::RelayMean mean, double clip, RelayBuffers& buf,
+                                   const TrustRegion& trust) {
+  buf.trust_scaled = 0;
+  buf.trust_ratio = 0;
+  if (b.parts.empty()) return std::nullopt;
+  for (const RelayPart& p : b.parts) {
+    XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
+                        "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
+  }
+  RelayPass r{decoder, b, part, compress::refs(part, theta)};
+  r.clipped = mean == common::RelayMean::kClipped;
+  r.present = mean != common::RelayMean::kAll;  // "present" and "clipped" count senders
+  r.a = sized(buf.acc, theta);
+  r.c = r.present ? sized(buf.present, theta) : nullptr;
+  for (const auto& s : part.slots) {
+    std::fill(r.a + s.offset, r.a + s.offset + s.numel, 0.0f);
+    if (r.present) std::fill(r.c + s.offset, r.c + s.offset + s.numel, 0.0f);
+  }
+  const auto least_sent = sum_sent(r, static_cast<float>(clip));
+  if (r.clipped) {
+    r.e = sized(buf.extra, theta);
+    credit_unsent(r, least_sent, buf.sent);
+  }
+  return step_theta(r, theta, trust, buf);
+}
+
+std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
+                                   torch::Tensor& theta, const common::FlatLayout& part,
+                                   RelayBuffers& buf) {
+  return apply_relay(decoder, b, theta, part, b.rule.mean, b.rule.clip, buf, b.rule.trust);
+}
+
+}  // namespace xloco::outer
