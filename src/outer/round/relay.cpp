@@ -210,6 +210,7 @@ struct RelayPass {
   const common::FlatLayout& part;
   std::vector<compress::TensorRef> targets;  // part's names and shapes
   bool present = false, clipped = false;
+  torch::Tensor* acc = nullptr;  // a's tensor
   float* a = nullptr;  // Σ wₖ·xₖ
   float* c = nullptr;  // "present"/"clipped": the senders' weight (then, "clipped", their mean)
   float* e = nullptr;  // "clipped": the credits of those that did not send
@@ -225,6 +226,11 @@ std::vector<std::vector<float>> sum_sent(RelayPass& r, float alpha) {
   float* c = r.c;
   for (size_t q = 0; q < r.b.parts.size(); ++q) {
     const RelayPart& p = r.b.parts[q];
+    if (!r.present && p.weight == 1.0 && p.clip == 1.0f) {
+      // a[i] + 1·x is a[i] + x: the decoder adds the frame's values straight in (a sparse add).
+      compress::decode_add(r.decoder, p.frame.data(), p.frame.size(), r.part, *r.acc);
+      continue;
+    }
     const auto w = static_cast<float>(p.weight);
     float least = std::numeric_limits<float>::infinity();
     for_each_sent(
@@ -345,6 +351,7 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
   r.clipped = mean == common::RelayMean::kClipped;
   r.present = mean != common::RelayMean::kAll;  // "present" and "clipped" count senders
   r.a = sized(buf.acc, theta);
+  r.acc = &buf.acc;
   r.c = r.present ? sized(buf.present, theta) : nullptr;
   for (const auto& s : part.slots) {
     std::fill(r.a + s.offset, r.a + s.offset + s.numel, 0.0f);
