@@ -243,7 +243,7 @@ std::vector<std::vector<float>> sum_sent(RelayPass& r, float alpha) {
           if (x == 0.0f) return;  // sent as 0: as if not sent
           a[i] = a[i] + w * x;
           c[i] = c[i] + w;
-          least = std::min(least, std::fabs(x));
+          if (r.clipped) least = std::min(least, std::fabs(x));  // "present" needs none
         },
         [&](int64_t, int64_t) {
           if (r.clipped) least_sent[q].push_back(std::isfinite(least) ? alpha * least : 0.0f);
