@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 XLOCO := $(BUILD)/src/cli/xloco
 
-.PHONY: all setup configure build demo demo-train test bench experiments attack rehearse-scale rehearse-many clean
+.PHONY: all setup configure build demo demo-train test bench experiments attack rehearse-scale rehearse-many clean setup-torch2 build-torch2 test-torch2 gpu-pack
 
 all: build
 
@@ -65,6 +65,29 @@ rehearse-many: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DXLOCO_BUILD_BENCH=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS) --target xloco rehearse_many
 	bash experiments/rehearse_many.sh $(XLOCO) $(BUILD)/experiments/bench/outer/rehearse_many
+
+# LibTorch 2.x with CUDA (issue 55): the torch wheel the lent GPU machines run (2.11.0, pinned in
+# deploy/requirements-torch2.txt, with this machine's CUDA 13 toolkit) beside Debian's 1.13, from
+# the same tree. `make test` stays on 1.13; `make test-torch2` runs the CPU suite on this build.
+# ~25 minutes on 2 cores from scratch. `make gpu-pack` packs it for deploy/gpu_check.sh.
+BUILD_TORCH2 ?= build-torch2
+TORCH2_VENV ?= $(CURDIR)/.venv-torch2
+CUDA_ARCHS ?= 8.0;9.0
+setup-torch2: setup
+	bash deploy/setup_torch2.sh $(TORCH2_VENV)
+
+build-torch2: setup-torch2
+	cmake -S . -B $(BUILD_TORCH2) -DCMAKE_BUILD_TYPE=Release \
+	  "-DCMAKE_PREFIX_PATH=$$($(TORCH2_VENV)/bin/python -c 'import torch.utils, os; print(os.path.dirname(os.path.dirname(torch.utils.cmake_prefix_path)))')" \
+	  -DCMAKE_CUDA_COMPILER=$${CUDACXX:-/usr/local/cuda/bin/nvcc} "-DTORCH_CUDA_ARCH_LIST=$(CUDA_ARCHS)" \
+	  -DXLOCO_TORCH2_VENV=$(TORCH2_VENV) $(CMAKE_FLAGS)
+	cmake --build $(BUILD_TORCH2) -j$(JOBS)
+
+test-torch2: build-torch2
+	cd $(BUILD_TORCH2) && ctest --output-on-failure --timeout 600
+
+gpu-pack: build-torch2
+	bash deploy/gpu_check.sh pack $(BUILD_TORCH2)
 
 clean:
 	rm -rf $(BUILD)

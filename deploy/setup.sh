@@ -18,7 +18,7 @@ PACKAGES=(
   # data: public-domain text and Fashion-MNIST
   bible-kjv dataset-fashion-mnist
   # reference implementation for benchmarks and the Python checkpoint reader in tests
-  python3 python3-torch python3-numpy
+  python3 python3-venv python3-torch python3-numpy
   # Akash's SDL schema validator in the tests (deploy.akash_sdl)
   python3-jsonschema python3-yaml
   # network tests (namespaces, rate limits)
@@ -48,6 +48,9 @@ PYPI=(lizard==1.24.3)
 
 install_pypi() {
   [ "${XLOCO_SETUP_IMAGE:-0}" != 1 ] || return 0
+  # PyTorch 2.x and transformers, pinned, in their own environment (ctest hf.transformers).
+  bash "$(dirname "$0")/setup_torch2.sh" ||
+    echo "setup: the PyTorch 2.x environment failed: the tests that need it report skipped" >&2
   python3 -c "import lizard" 2>/dev/null && return 0
   echo "setup: installing from PyPI: ${PYPI[*]}"
   local where=()

@@ -10,6 +10,9 @@ the goal is held to are against PyTorch on the same OpenBLAS kernels as xloco.
 usage: throughput.py XLOCO_BIN [--steps N] [--repeats R]
        throughput.py XLOCO_BIN --torchscript   # the built-in tiny GPT against its TorchScript
                                                # twin (examples/tiny_gpt.py), both in xloco
+       throughput.py XLOCO_BIN --torch2 PYTHON   # against PyTorch 2.x (PYTHON: an interpreter
+                                               # with PyPI's torch, deploy/setup_torch2.sh)
+                                               # eager and torch.compile, beside Debian's 1.13
        throughput.py XLOCO_BIN --mfu BENCH_MATMUL   # model FLOPs utilisation at 1 x 1 threads:
                                                # the tiny GPT and a 25 M GPT against LibTorch's
                                                # sgemm at their shapes (bench_matmul), one run"""
@@ -68,11 +71,11 @@ def blas_env(env, core):
     return env
 
 
-def torch_rate(steps, threads, blas, batch, core=None):
+def torch_rate(steps, threads, blas, batch, core=None, python=None, extra=()):
     env = blas_env(dict(os.environ, OPENBLAS_NUM_THREADS=str(blas), OMP_NUM_THREADS=str(threads)), core)
-    out = subprocess.run([sys.executable if sys.executable.startswith("/usr/bin") else "/usr/bin/python3",
-                          os.path.join(HERE, "gpt_torch.py"), "--steps", str(steps), "--threads",
-                          str(threads), "--batch", str(batch)],
+    py = python or (sys.executable if sys.executable.startswith("/usr/bin") else "/usr/bin/python3")
+    out = subprocess.run([py, os.path.join(HERE, "gpt_torch.py"), "--steps", str(steps), "--threads",
+                          str(threads), "--batch", str(batch), *extra],
                          check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 
@@ -85,12 +88,16 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--torchscript", action="store_true",
                     help="built-in tiny GPT vs its TorchScript twin, both trained by xloco")
+    ap.add_argument("--torch2", metavar="PYTHON",
+                    help="against PyTorch 2.x in this interpreter (eager, SDPA, torch.compile) and Debian's 1.13")
     ap.add_argument("--mfu", metavar="BENCH_MATMUL",
                     help="model FLOPs utilisation against this bench_matmul binary's sgemm")
     a = ap.parse_args()
     print(f"# machine: {machine()}")
     if a.mfu:
         return mfu(a)
+    if a.torch2:
+        return torch2(a)
     if a.torchscript:
         return torchscript(a)
     cores = os.cpu_count()
@@ -124,6 +131,54 @@ def main():
     print(f"ratio best xloco / best PyTorch as installed = {xl[bx] / pd[bd]:.2f}")
     print(f"fused attention alone (xloco fused / xloco aten), best setting: {xl[bx] / xa[bx]:.2f}; "
           f"1 x 1: {xl[(1, 1)] / xa[(1, 1)]:.2f}")
+
+
+def torch2(a):
+    """xloco against PyTorch 2.x from PyPI (its own MKL BLAS) in its three forms a user would run
+    (eager as nanoGPT's 1.13 code, eager with scaled_dot_product_attention, torch.compile of
+    that), and Debian's 1.13 on the OpenBLAS kernels xloco runs: every thread setting of 1 and
+    all cores, interleaved, the median of the repeats; best against best and 1 x 1."""
+    cores = os.cpu_count()
+    version = subprocess.run([a.torch2, "-c", "import torch; print(torch.__version__)"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    print(f"# tiny GPT (d128 L4 H4 T128), batch {a.batch}, {a.steps} steps, {a.repeats} repeats, {cores} cores; "
+          f"PyTorch {version} from {a.torch2}")
+    xloco_rate(a.xloco, 6, 1, 1, a.batch)
+    core = CORE.get("name")
+    runs = {"xloco": lambda t, b: xloco_rate(a.xloco, a.steps, t, b, a.batch),
+            f"PyTorch 1.13 (OpenBLAS {core})": lambda t, b: torch_rate(a.steps, t, b, a.batch, core),
+            f"PyTorch {version} eager": lambda t, b: torch_rate(a.steps, t, b, a.batch, python=a.torch2),
+            f"PyTorch {version} eager, SDPA": lambda t, b: torch_rate(
+                a.steps, t, b, a.batch, python=a.torch2, extra=("--attention", "sdpa")),
+            f"PyTorch {version} torch.compile, SDPA": lambda t, b: torch_rate(
+                a.steps, t, b, a.batch, python=a.torch2, extra=("--attention", "sdpa", "--compile"))}
+    settings = sorted({(t, b) for t in (1, cores) for b in (1, cores)})
+    rate = {name: {} for name in runs}
+    print("| threads (intra-op x BLAS) | " + " | ".join(f"{n} tok/s" for n in runs) + " |")
+    print("|---" * (len(runs) + 1) + "|")
+    for k in settings:
+        got = {name: [] for name in runs}
+        for _ in range(a.repeats):  # interleaved: all see the same machine state
+            for name, fn in runs.items():
+                try:
+                    got[name].append(fn(*k))
+                except subprocess.CalledProcessError as e:
+                    print(f"# {name} at {k}: failed ({(e.stderr or '')[-300:]!r})", flush=True)
+        for name in runs:
+            rate[name][k] = statistics.median(got[name]) if got[name] else float("nan")
+        print(f"| {k[0]} x {k[1]} | " + " | ".join(f"{rate[n][k]:.0f}" for n in runs) + " |", flush=True)
+    x = rate["xloco"]
+    bx = max(x, key=x.get)
+    print(f"\nbest xloco: {x[bx]:.0f} tok/s at {bx[0]} x {bx[1]}")
+    for name in list(runs)[1:]:
+        r = rate[name]
+        ok = {k: v for k, v in r.items() if v == v}
+        if not ok:
+            print(f"{name}: no run finished")
+            continue
+        br = max(ok, key=ok.get)
+        print(f"{name}: best {r[br]:.0f} tok/s at {br[0]} x {br[1]}; xloco / it: best against best "
+              f"{x[bx] / r[br]:.2f}, at 1 x 1 {x[(1, 1)] / r[(1, 1)]:.2f} (goal >= 1.15)")
 
 
 def sgemm_rates(bench, d, tokens):

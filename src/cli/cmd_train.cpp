@@ -35,11 +35,12 @@ struct TrainArgs {
 };
 
 int run_rank(const TrainArgs& a, const common::Config& cfg) {
-  const auto dist = inner::dist_options_from_env();
+  auto dist = inner::dist_options_from_env();
   const auto threads = inner::configure_threads(cfg.run, ranks_on_host(dist.world));
   const bool leader = dist.rank == 0;
   if (!leader) spdlog::set_level(spdlog::level::warn);
-  const auto device = inner::resolve_device(cfg.run.device);
+  const auto device = inner::resolve_device(cfg.run.device, dist.rank);
+  dist.device = device;
   const fs::path run_dir = fs::path(cfg.run.dir) / cfg.run.name;
   const std::string ckpt_root = (run_dir / "ckpt").string();
   XLOCO_ENFORCE(cfg.inner.batch_size % dist.world == 0, common::ConfigError,
@@ -60,7 +61,8 @@ int run_rank(const TrainArgs& a, const common::Config& cfg) {
                vocab > 0 ? fmt::format(" (vocabulary {})", vocab) : std::string(),
                inner::count_parameters(trainer.model()), data->describe(), dist.world,
                threads.intra_op, threads.blas, device.str());
-  spdlog::info("{}", inner::blas_core_summary());
+  spdlog::info("{} | {} | ranks over {} | precision {}", inner::blas_core_summary(),
+               inner::torch_summary(), group.backend(), common::to_string(cfg.run.precision));
 
   int64_t start = 0;
   if (!a.init.empty()) {

@@ -66,8 +66,10 @@ void add_worker_command(CLI::App& app) {
     dist.timeout = std::chrono::seconds(
         static_cast<int64_t>(std::max(cfg.outer.round_timeout_s, cfg.outer.head_timeout_s)) + 60);
     inner::configure_threads(cfg.run, ranks_on_host(dist.world));
+    dist.device = inner::resolve_device(cfg.run.device, dist.rank);
     if (dist.rank != 0) spdlog::set_level(spdlog::level::warn);
-    spdlog::info("{}", inner::blas_core_summary());
+    spdlog::info("{} | {} on {} | precision {}", inner::blas_core_summary(), inner::torch_summary(),
+                 dist.device.str(), common::to_string(cfg.run.precision));
     std::unique_ptr<net::Transport> link;
     if (dist.rank == 0) {
       net::zeromq::ClientOptions co;

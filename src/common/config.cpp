@@ -36,6 +36,7 @@ template <> constexpr std::array kNames<ModelKind>{"gpt", "cnn", "torchscript"};
 template <> constexpr std::array kNames<CodecKind>{"fp32", "bf16", "int8", "int4", "topk"};
 template <> constexpr std::array kNames<Downlink>{"quantized", "relay"};
 template <> constexpr std::array kNames<Kernels>{"fused", "aten"};
+template <> constexpr std::array kNames<Precision>{"fp32", "bf16"};
 template <> constexpr std::array kNames<Overlap>{"none", "delayed"};
 template <> constexpr std::array kNames<Fold>{"step", "arrival"};
 template <> constexpr std::array kNames<RelayMean>{"all", "present", "clipped"};
@@ -115,6 +116,7 @@ void visit_fields(Config& c, Visitor&& v) {
   v(own("run.threads"), c.run.threads, Range{0, 1024});
   v(own("run.blas_threads"), c.run.blas_threads, Range{0, 1024});
   v(own("run.kernels"), c.run.kernels, Named{});
+  v(own("run.precision"), c.run.precision, Named{});
   v(agreed("data.dataset"), c.data.dataset, Named{});
   v(agreed("data.sharding"), c.data.sharding, Named{});
   v(agreed("data.dirichlet_alpha", &kDirichlet), c.data.dirichlet_alpha, Range{1e-3, 1e6});
@@ -720,6 +722,7 @@ const char* to_string(ModelKind kind) { return name_of(kind); }
 const char* to_string(CodecKind kind) { return name_of(kind); }
 const char* to_string(Downlink downlink) { return name_of(downlink); }
 const char* to_string(Kernels kernels) { return name_of(kernels); }
+const char* to_string(Precision precision) { return name_of(precision); }
 const char* to_string(Overlap overlap) { return name_of(overlap); }
 const char* to_string(Fold fold) { return name_of(fold); }
 const char* to_string(RelayMean mean) { return name_of(mean); }

@@ -22,6 +22,7 @@ enum class CodecKind { kFp32, kBf16, kInt8, kInt4, kTopk };
 // outer.codec_down, or the round's accepted uplink frames themselves (outer/round/relay.h).
 enum class Downlink { kQuantized, kRelay };
 enum class Kernels { kFused, kAten };
+enum class Precision { kFp32, kBf16 };
 enum class Overlap { kNone, kDelayed };
 enum class Fold { kStep, kArrival };
 enum class RelayMean { kAll, kPresent, kClipped };
@@ -31,6 +32,7 @@ const char* to_string(ModelKind kind);
 const char* to_string(CodecKind kind);
 const char* to_string(Downlink downlink);
 const char* to_string(Kernels kernels);
+const char* to_string(Precision precision);
 const char* to_string(Overlap overlap);
 const char* to_string(Fold fold);
 const char* to_string(RelayMean mean);
@@ -44,6 +46,9 @@ struct RunConfig {
   int blas_threads = 0;        // OpenBLAS threads per rank; 0 = cores / ranks on this host
   Kernels kernels = Kernels::kFused;  // CPU GPT kernels: fused (src/inner/kernels.h) | aten
                                       // (LibTorch's ops); the same model, different rounding
+  // fp32 | bf16: the inner step's forward under autocast (bf16 products; weights, gradients,
+  // AdamW state, the pseudo-gradient, codecs and θ_pub stay fp32); eval runs in fp32
+  Precision precision = Precision::kFp32;
 };
 
 struct DataConfig {

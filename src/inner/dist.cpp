@@ -6,15 +6,37 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "common/error.h"
 
 namespace xloco::inner {
 
+// What both backends derive from: c10d::Backend in LibTorch 2.x, ProcessGroup in 1.13.
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
 struct Group::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<BackendBase> pg;  // ProcessGroupGloo or ProcessGroupNCCL
+  bool nccl = false;
+
+  // NCCL reduces GPU tensors only: a CPU tensor goes through this rank's GPU and back.
+  template <class Op>
+  void on_device(torch::Tensor& t, torch::Device device, Op&& op) {
+    if (!nccl || t.device() == device) return op(t);
+    torch::Tensor d = t.to(device);
+    op(d);
+    t.copy_(d);
+  }
 };
 
 DistOptions dist_options_from_env() {
@@ -33,7 +55,7 @@ DistOptions dist_options_from_env() {
 }
 
 Group::Group(const DistOptions& opts) : impl_(std::make_unique<Impl>()), rank_(opts.rank),
-                                        world_(opts.world) {
+                                        world_(opts.world), device_(opts.device) {
   if (world_ == 1) return;
   XLOCO_ENFORCE(!opts.store.empty(), common::ConfigError,
                 "rank {} of {}: no rendezvous store (XLOCO_STORE)", rank_, world_);
@@ -53,6 +75,16 @@ Group::Group(const DistOptions& opts) : impl_(std::make_unique<Impl>()), rank_(o
     throw common::ConfigError(fmt::format("unknown store \"{}\" (file:PATH or tcp://HOST:PORT)",
                                           opts.store));
   }
+#ifdef USE_C10D_NCCL
+  if (device_.is_cuda()) {
+    c10::cuda::set_device(device_.index());
+    auto no = c10d::ProcessGroupNCCL::Options::create();
+    no->timeout = opts.timeout;
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, rank_, world_, no);
+    impl_->nccl = true;
+    return;
+  }
+#endif
   auto go = c10d::ProcessGroupGloo::Options::create();
   go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts.hostname));
   go->timeout = opts.timeout;
@@ -62,24 +94,33 @@ Group::Group(const DistOptions& opts) : impl_(std::make_unique<Impl>()), rank_(o
 
 Group::~Group() = default;
 
+const char* Group::backend() const {
+  if (world_ == 1) return "none";
+  return impl_->nccl ? "nccl" : "gloo";
+}
+
 void Group::allreduce_sum(torch::Tensor& flat, int64_t bucket_bytes) {
   if (world_ == 1) return;
   const int64_t per = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(flat.element_size()));
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<std::vector<torch::Tensor>> buckets;
-  for (int64_t off = 0; off < flat.numel(); off += per) {
-    buckets.push_back({flat.narrow(0, off, std::min(per, flat.numel() - off))});
-  }
-  for (auto& b : buckets) works.push_back(impl_->pg->allreduce(b));
-  for (auto& w : works) w->wait();
+  impl_->on_device(flat, device_, [&](torch::Tensor& t) {
+    for (int64_t off = 0; off < t.numel(); off += per) {
+      buckets.push_back({t.narrow(0, off, std::min(per, t.numel() - off))});
+    }
+    for (auto& b : buckets) works.push_back(impl_->pg->allreduce(b));
+    for (auto& w : works) w->wait();
+  });
 }
 
 void Group::broadcast(torch::Tensor& t, int root) {
   if (world_ == 1) return;
-  std::vector<torch::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->pg->broadcast(v, o)->wait();
+  impl_->on_device(t, device_, [&](torch::Tensor& d) {
+    std::vector<torch::Tensor> v{d};
+    impl_->pg->broadcast(v, o)->wait();
+  });
 }
 
 void Group::barrier() {
@@ -93,11 +134,14 @@ void Group::check_same(const std::string& what, const std::string& hex) {
   auto mine = torch::zeros({static_cast<int64_t>(hex.size())}, torch::kFloat64);
   for (size_t i = 0; i < hex.size(); ++i) mine[static_cast<int64_t>(i)] = static_cast<double>(hex[i]);
   auto hi = mine.clone(), lo = -mine;
-  std::vector<torch::Tensor> a{hi}, b{lo};
   c10d::AllreduceOptions mx;
   mx.reduceOp = c10d::ReduceOp::MAX;
-  impl_->pg->allreduce(a, mx)->wait();
-  impl_->pg->allreduce(b, mx)->wait();
+  for (torch::Tensor* t : {&hi, &lo}) {
+    impl_->on_device(*t, device_, [&](torch::Tensor& d) {
+      std::vector<torch::Tensor> v{d};
+      impl_->pg->allreduce(v, mx)->wait();
+    });
+  }
   XLOCO_ENFORCE(torch::equal(hi, -lo), common::Error,
                 "{} differ across the {} ranks of this provider (rank {} has {}): replicas "
                 "drifted apart", what, world_, rank_, hex);

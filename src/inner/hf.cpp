@@ -95,10 +95,13 @@ std::string export_hf(const HfExportOptions& o) {
     fs::copy_file(tokenizer_path, fs::path(o.out) / "tokenizer.model",
                   fs::copy_options::overwrite_existing);
     // A SentencePiece model with no dummy prefix and byte fallback (xloco prepare's): no bos or
-    // eos added on encode, so that the ids match xloco's token files.
+    // eos added on encode, so that the ids match xloco's token files. add_prefix_space false:
+    // without it transformers' fast tokenizer prepends "▁" to the text (a dummy prefix the model
+    // does not have), and the first id differs from SentencePiece's (ctest hf.transformers).
     const nlohmann::ordered_json tc = {
         {"tokenizer_class", "LlamaTokenizer"}, {"add_bos_token", false},
         {"add_eos_token", false},              {"legacy", true},
+        {"add_prefix_space", false},
         {"clean_up_tokenization_spaces", false}, {"model_max_length", c.model.seq_len},
         {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
     };

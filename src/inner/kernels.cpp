@@ -11,6 +11,7 @@
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 namespace xloco::inner {
 namespace {
@@ -250,6 +251,14 @@ torch::Tensor causal_attention_aten(const torch::Tensor& qkv, int64_t n_head) {
   const Shape s = shape_of(qkv, n_head);
   auto parts = qkv.view({s.B, s.T, 3, s.H, s.hs}).permute({2, 0, 3, 1, 4});
   auto q = parts[0], k = parts[1], v = parts[2];
+#if TORCH_VERSION_MAJOR >= 2
+  // On a GPU, LibTorch 2.x's fused attention (flash or memory-efficient, as it picks): no T×T
+  // tensor in memory. The CPU keeps the ops below, as on LibTorch 1.13.
+  if (qkv.is_cuda()) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true)
+        .transpose(1, 2).reshape({s.B, s.T, s.C});
+  }
+#endif
   auto mask = torch::ones({s.T, s.T}, qkv.options().dtype(torch::kBool)).triu(1);
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(s.hs)));
   att = att.masked_fill(mask, -INFINITY).softmax(-1);

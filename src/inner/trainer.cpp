@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/metrics.h"
 #include "inner/data.h"
+#include "inner/runtime.h"
 
 namespace xloco::inner {
 
@@ -132,7 +133,10 @@ StepStats InnerTrainer::train_step(const Dataset& data, int64_t step, bool want_
     std::lock_guard<std::mutex> rng(rng_mutex());  // from the seed to the backward pass
     torch::manual_seed(mix_seed(config_.run.seed, rng_stream_, static_cast<uint64_t>(step),
                                 static_cast<uint64_t>(group_.rank())));
-    loss = model_->loss(b.x.to(device_), b.y.to(device_));
+    {
+      const Autocast autocast(config_.run.precision, device_);  // the forward only
+      loss = model_->loss(b.x.to(device_), b.y.to(device_)).to(torch::kFloat32);
+    }
     loss.backward();
   }
   {

@@ -53,6 +53,11 @@ namespace {
 using test::jsonl;
 using test::run_xloco;
 
+// A run (its own process) against the rule recomputed here: the same float32 steps, but BLAS
+// kernels may round differently between the two processes (LibTorch 2.x's MKL: 1.2e-6 and 2.1e-6
+// measured; OpenBLAS on 1.13: below 1e-6). The rule that is not the run's stays 1e-3 away.
+constexpr double kRuleTolerance = 5e-6;
+
 std::string cfg() { return test::env_or("XLOCO_SOURCE_DIR", ".") + "/configs/kjv-tiny.json"; }
 
 std::string outer_small(const std::string& dir, const std::string& name) {
@@ -526,7 +531,7 @@ TEST_SUITE("outer") {
       const double to_rule = (got - rule).abs().max().item<double>();
       const double to_plain = (got - plain).abs().max().item<double>();
       MESSAGE(name << ": max |run - rule with keep_local 0.5| = " << to_rule << "; to the rule without it " << to_plain);
-      CHECK(to_rule <= 1e-6);
+      CHECK(to_rule <= kRuleTolerance);
       CHECK(to_plain > 100 * std::max(to_rule, 1e-7));
     }
   }
@@ -649,7 +654,7 @@ TEST_SUITE("outer") {
       const double to_rule = (got - rule).abs().max().item<double>();
       const double to_whole = (got - whole).abs().max().item<double>();
       MESSAGE(name << ": max |run - Streaming DiLoCo rule, 2 fragments| = " << to_rule << "; to the rule with one " << to_whole);
-      CHECK(to_rule <= 1e-6);
+      CHECK(to_rule <= kRuleTolerance);
       CHECK(to_whole > 100 * std::max(to_rule, 1e-7));
       // A round's frames carry half the model: its uplink bytes are about half of fp32's.
       for (const auto& rec : jsonl(provider_metrics(dir.path / name, "provider-0"))) {
@@ -745,7 +750,7 @@ TEST_SUITE("outer") {
     const double to_rule = (got - reference_rule(c, fold_at)).abs().max().item<double>();
     const double to_fallback = (got - reference_rule(c, 16)).abs().max().item<double>();
     MESSAGE("max |run - rule at those steps| = " << to_rule << "; to the rule folding at step 16 " << to_fallback);
-    CHECK(to_rule <= 1e-6);
+    CHECK(to_rule <= kRuleTolerance);
     CHECK(to_fallback > 100 * std::max(to_rule, 1e-7));
   }
 

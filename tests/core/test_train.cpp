@@ -141,6 +141,40 @@ TEST_SUITE("train") {
     CHECK(t.evaluate(*data).loss < 3.0);
   }
 
+  TEST_CASE("run.precision = bf16: bf16 products under autocast, fp32 weights and AdamW state, "
+            "the fp32 run's loss within 2 %") {
+    if (!test::have_kjv()) {
+      XLOCO_SKIP_CASE("/usr/bin/bible missing");
+    }
+    auto c = test::tiny_gpt_config();
+    c.inner.steps = 40;
+    c.inner.batch_size = 16;
+    auto data = inner::make_dataset(c, {0, 1});
+    std::vector<double> loss[2];
+    torch::Tensor theta[2];
+    for (int i = 0; i < 2; ++i) {
+      c.run.precision = i == 0 ? common::Precision::kFp32 : common::Precision::kBf16;
+      Solo s;
+      inner::InnerTrainer t(c, inner::make_model(c), s.group, torch::kCPU);
+      loss[i] = run_steps(t, *data, 0, 40);
+      theta[i] = t.params().clone();
+      CHECK((t.params().scalar_type() == torch::kFloat32));
+      for (const auto& b : t.optimizer_blobs()) CHECK(b.dtype != "BF16");
+      // The autocast ended with the step: a forward outside it is fp32 again.
+      torch::NoGradGuard g;
+      const auto b = data->train_batch(0, 0, 1);
+      CHECK((t.model().logits(b.x).scalar_type() == torch::kFloat32));
+    }
+    // Autocast really ran: bf16 rounding changes every step's loss from the first on.
+    CHECK(loss[0].front() != loss[1].front());
+    CHECK(!torch::equal(theta[0], theta[1]));
+    const double avg0 = (loss[0][35] + loss[0][36] + loss[0][37] + loss[0][38] + loss[0][39]) / 5;
+    const double avg1 = (loss[1][35] + loss[1][36] + loss[1][37] + loss[1][38] + loss[1][39]) / 5;
+    INFO("fp32 " << avg0 << " bf16 " << avg1);
+    CHECK(std::abs(avg1 - avg0) < 0.02 * avg0);
+    CHECK(avg1 < loss[1].front() - 1.0);  // and it learns
+  }
+
   TEST_CASE("a checkpoint resumed continues with the same loss sequence as an uninterrupted run") {
     if (!test::have_kjv()) {
       XLOCO_SKIP_CASE("/usr/bin/bible missing");

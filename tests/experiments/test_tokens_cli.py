@@ -9,7 +9,6 @@ whose logits match xloco's to 1e-4; bad shards, a missing data path and a tokeni
 contradicts --vocab-size are refused with errors that name the file."""
 import json
 import os
-import random
 import shutil
 import struct
 import subprocess
@@ -18,23 +17,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(os.environ.get("XLOCO_SOURCE_DIR", Path(__file__).resolve().parents[2])) / "tests"))
-from cli_checks import SRC, check, failures, torch_python, xloco  # noqa: E402
+from cli_checks import SRC, check, corpus_text as text, failures, torch_python, xloco  # noqa: E402
 from llmc_reader import spm_tokens, stream  # noqa: E402
-
-
-def text(seed, lines):
-    rng = random.Random(seed)
-    words = ["the", "and", "of", "LORD", "unto", "said", "God", "land", "people", "house", "king",
-             "children", "Israel", "earth", "shall", "thee", "thou", "which", "café", "1611", "über"]
-    syl = ["ka", "lo", "mi", "tha", "ne", "ru", "sh", "ei", "qu", "on"]
-    out = []
-    for _ in range(lines):
-        ws = [rng.choice(words) if rng.random() < 0.7 else "".join(rng.choice(syl) for _ in range(rng.randint(1, 4)))
-              for _ in range(rng.randint(3, 18))]
-        out.append(" ".join(ws) + rng.choice([".", ",", ";", ":", ""]) + "\n")
-        if rng.random() < 0.1:
-            out.append("\n")
-    return "".join(out)
 
 
 with tempfile.TemporaryDirectory() as tmp:

@@ -47,7 +47,7 @@ class ProviderRun {
     // The model first, from the run's seed (or the warm-start weights) as the head builds
     // it: joining at the run's start it is θ_pub already, and the head need not send it.
     trainer_ = std::make_unique<inner::InnerTrainer>(cfg, inner::make_model(cfg), group,
-                                                     inner::resolve_device(cfg.run.device));
+                                                     group.device());
     if (!opts.init.empty()) {
       trainer_->load_model(inner::load_init_weights(opts.init));
       if (leader_) spdlog::info("provider {}: θ from {} (the head's warm start)", opts.name, opts.init);
