@@ -108,7 +108,8 @@ def main():
     # Model FLOPs per token (as experiments/bench/throughput.py): 6 x matmul weights (12 d^2 per
     # layer + the tied head d x 256) + 12 x layers x T x d (attention, forward and backward).
     flops_per_token = 6 * (m["L"] * 12 * m["d"] ** 2 + m["d"] * 256) + 12 * m["L"] * m["T"] * m["d"]
-    report = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else platform.processor() or "cpu",
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "CPU")
+    report = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else f"{cpu}, {os.cpu_count()} cores",
               "torch": torch.__version__, "model": m, "flops_per_token": flops_per_token,
               "host": platform.node(), "cpus": os.cpu_count(), "runs": []}
     rate = matmul_rate(dev, a.quick)
