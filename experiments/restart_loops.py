@@ -206,7 +206,10 @@ def main():
             if head.done.is_set():
                 problems.append(f"the run ended after {n} of {args.head_loop} head kills")
                 break
-            time.sleep(rng.uniform(0, 1.5))
+            # Within a round: up to its median wall time so far (at most 1.5 s). A fixed 1.5 s let
+            # a fast build (LibTorch 2.11: ~0.15 s rounds) run out of rounds after 19 of 20 kills.
+            walls = sorted(r["round_wall_s"] for r in jsonl(run / "metrics/head.jsonl") if "round_wall_s" in r)
+            time.sleep(rng.uniform(0, min(1.5, walls[len(walls) // 2] if walls else 1.5)))
             head.kill(wait=True)
             # Read both once the head is dead (its next life starts `delay` later): the newest
             # checkpoint complete at its death, and the records it wrote. Read before the kill,
