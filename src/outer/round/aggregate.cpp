@@ -338,11 +338,44 @@ void Aggregator::add_to_delta(const net::Frame& frame, double w) {
   if (w == 1.0) {
     decoder_.decode_add(frame.data(), frame.size(), compress::refs(part, delta_));
   } else {
-    if (!scratch_.defined()) scratch_ = torch::empty_like(delta_);
-    if (part_ != nullptr) scratch_.zero_();  // the other fragments' elements: not in this frame
-    decoder_.decode(frame.data(), frame.size(), compress::refs(part, scratch_));
-    delta_.add_(scratch_, w);
+    add_weighted(frame, part, w);
   }
+}
+
+// Δ += w · frame through a buffer of kChunk floats instead of a model-sized one (issue 54: the
+// head's memory in a round). The frame's values, block by block, go into the buffer at their
+// place in Δ's chunk (zeros elsewhere), and each chunk is added with LibTorch's own add_: chunks
+// are aligned multiples of every SIMD width, so every element is rounded exactly as one add_
+// over the whole of Δ rounds it (an unsent element adds w · 0). A frame whose tensors are out of
+// Δ's order only flushes more often: each element still takes its one value.
+void Aggregator::add_weighted(const net::Frame& frame, const common::FlatLayout& part, double w) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t n = delta_.numel();
+  if (!scratch_.defined()) scratch_ = torch::zeros({std::min(kChunk, n)}, torch::kFloat32);
+  float* buf = scratch_.data_ptr<float>();
+  const float* origin = delta_.data_ptr<float>();
+  int64_t begin = -1;  // Δ's chunk the buffer holds (-1: none)
+  auto flush = [&] {
+    if (begin < 0) return;
+    const int64_t len = std::min(kChunk, n - begin);
+    delta_.narrow(0, begin, len).add_(scratch_.narrow(0, 0, len), w);
+    std::fill(buf, buf + len, 0.0f);
+    begin = -1;
+  };
+  const auto targets = compress::refs(part, delta_);
+  decoder_.for_each_block(frame.data(), frame.size(), targets,
+                          [&](size_t t, const compress::BlockValues& b) {
+    const int64_t at = (targets[t].data - origin) + static_cast<int64_t>(b.start);
+    for (uint32_t j = 0; j < b.n; ++j) {
+      const int64_t p = at + (b.pos != nullptr ? b.pos[j] : j);
+      if (begin < 0 || p < begin || p >= begin + kChunk) {
+        flush();
+        begin = p / kChunk * kChunk;
+      }
+      buf[p - begin] = b.value[j];
+    }
+  });
+  flush();
 }
 
 }  // namespace xloco::outer

@@ -192,6 +192,7 @@ class Aggregator {
   std::optional<Rejected> score_refusal(Entry& e, const RoundScores& round);
   std::vector<Rejected> add_now(Entry& e, float clip);
   void add_to_delta(const net::Frame& frame, double w);  // throws compress::FrameError
+  void add_weighted(const net::Frame& frame, const common::FlatLayout& part, double w);
   std::vector<double> reference() const;  // one norm per provider (judge_norm)
   std::optional<double> history_norm(const std::string& peer) const;
 
@@ -219,7 +220,7 @@ class Aggregator {
   uint64_t allowance_ = 0;
   double weight_sum_ = 0;
   torch::Tensor delta_;
-  torch::Tensor scratch_;    // only for a contribution whose token count differs (lazy)
+  torch::Tensor scratch_;    // one chunk of Δ, for a weighted or clipped contribution (lazy)
 };
 
 }  // namespace xloco::outer
