@@ -12,34 +12,17 @@ passed but the path.
   with the exported tokenizer.model (the ids xloco trains on).
 Prints one line per check; exits 1 when one fails, 77 when transformers is not installed."""
 import argparse
-import json
-import struct
 import sys
 from pathlib import Path
 
 try:
     import torch
     import transformers
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 except ImportError as e:  # the ctest reports it skipped, with the reason
     print(f"skipped: transformers or torch is not importable here ({e})")
     sys.exit(77)
-
-DTYPES = {"F32": torch.float32, "I64": torch.int64, "F64": torch.float64}
-
-
-def read_safetensors(path):
-    data = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = bytearray(data[8 + n + begin:8 + n + end])
-        out[name] = torch.frombuffer(raw, dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
-    return out
 
 
 def main():
@@ -61,7 +44,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.hf_dir, local_files_only=True,
                                                  dtype=torch.float32)
     model.eval()
-    ref = read_safetensors(a.logits)
+    ref = load_file(a.logits)
     tokens = ref["tokens"].long()
     if tokens.dim() == 1:
         tokens = tokens.unsqueeze(0)

@@ -353,7 +353,6 @@ void Aggregator::add_weighted(const net::Frame& frame, const common::FlatLayout&
   const int64_t n = delta_.numel();
   if (!scratch_.defined()) scratch_ = torch::zeros({std::min(kChunk, n)}, torch::kFloat32);
   float* buf = scratch_.data_ptr<float>();
-  const float* origin = delta_.data_ptr<float>();
   int64_t begin = -1;  // Δ's chunk the buffer holds (-1: none)
   auto flush = [&] {
     if (begin < 0) return;
@@ -365,7 +364,7 @@ void Aggregator::add_weighted(const net::Frame& frame, const common::FlatLayout&
   const auto targets = compress::refs(part, delta_);
   decoder_.for_each_block(frame.data(), frame.size(), targets,
                           [&](size_t t, const compress::BlockValues& b) {
-    const int64_t at = (targets[t].data - origin) + static_cast<int64_t>(b.start);
+    const int64_t at = part.slots[t].offset + static_cast<int64_t>(b.start);  // as relay.cpp's
     for (uint32_t j = 0; j < b.n; ++j) {
       const int64_t p = at + (b.pos != nullptr ? b.pos[j] : j);
       if (begin < 0 || p < begin || p >= begin + kChunk) {
