@@ -49,11 +49,13 @@ void Decoder::decode(const uint8_t* frame, size_t size, const std::vector<Tensor
   run(frame, size, targets, false);
 }
 
-void Decoder::decode_add(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets) {
-  run(frame, size, targets, true);
+void Decoder::decode_add(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
+                         TensorSpan span) {
+  run(frame, size, targets, true, span);
 }
 
-void Decoder::check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets) const {
+void Decoder::check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets,
+                            TensorSpan span) const {
   XLOCO_FRAME_ENFORCE(targets.size() == info.tensors.size(), kMismatch,
                       "frame holds {} tensors, {} targets given", info.tensors.size(),
                       targets.size());
@@ -65,26 +67,27 @@ void Decoder::check_targets(const FrameInfo& info, const std::vector<TensorRef>&
     XLOCO_FRAME_ENFORCE(t.shape == e.shape, kMismatch,
                         "tensor '{}': frame shape [{}], target shape [{}]", quote(e.name),
                         fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
-    XLOCO_FRAME_ENFORCE(t.data != nullptr || e.numel == 0, kMismatch,
+    XLOCO_FRAME_ENFORCE(t.data != nullptr || e.numel == 0 || !span.has(i), kMismatch,
                         "tensor '{}': target has no buffer for {} elements", quote(e.name), e.numel);
   }
 }
 
 void Decoder::run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
-                  bool add) {
+                  bool add, TensorSpan span) {
   const FrameInfo info = parse_frame(frame, size, limits_);
-  check_targets(info, targets);
+  check_targets(info, targets, span);
 
   // From here the payload size equals what the targets need, so allocating it is bounded.
   if (streamed(info)) {
-    run_streamed(frame, info, targets, add);
+    run_streamed(frame, info, targets, add, span);
     return;
   }
   const uint8_t* p = payload(frame, info);
   for (size_t i = 0; i < targets.size(); ++i) {
-    check_tensor(info, i, tensor_bytes(info, i, p));
+    if (span.check(i)) check_tensor(info, i, tensor_bytes(info, i, p));
   }
   for (size_t i = 0; i < targets.size(); ++i) {
+    if (!span.has(i)) continue;
     const TensorEntry& e = info.tensors[i];
     kernels::decode(info.codec, tensor_bytes(info, i, p), e.numel, info.block_size,
                     targets[i].data, add, info.topk, info.topk_bits, e.topk_at);
@@ -165,11 +168,13 @@ const uint8_t* Decoder::prepare_stream(const uint8_t* frame, const FrameInfo& in
 }
 
 void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
-                           const std::vector<TensorRef>& targets, bool add) {
+                           const std::vector<TensorRef>& targets, bool add, TensorSpan span) {
   const uint8_t* stored = prepare_stream(frame, info);
-  stream_pass(stored, info, true,
-              [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); });
+  stream_pass(stored, info, true, [&](size_t i, const uint8_t* bytes) {
+    if (span.check(i)) check_tensor(info, i, bytes);
+  });
   stream_pass(stored, info, false, [&](size_t i, const uint8_t* bytes) {
+    if (!span.has(i)) return;
     const TensorEntry& e = info.tensors[i];
     kernels::decode(info.codec, bytes, e.numel, info.block_size, targets[i].data, add, info.topk,
                     info.topk_bits);
@@ -177,11 +182,16 @@ void Decoder::run_streamed(const uint8_t* frame, const FrameInfo& info,
 }
 
 void Decoder::for_each_block(const uint8_t* frame, size_t size,
-                             const std::vector<TensorRef>& targets, const BlockVisitor& visit) {
+                             const std::vector<TensorRef>& targets, const BlockVisitor& visit,
+                             TensorSpan span) {
   const FrameInfo info = parse_frame(frame, size, limits_);
-  check_targets(info, targets);
-  const auto check = [&](size_t i, const uint8_t* bytes) { check_tensor(info, i, bytes); };
-  const auto each = [&](size_t i, const uint8_t* bytes) { visit_tensor(info, i, bytes, visit); };
+  check_targets(info, targets, span);
+  const auto check = [&](size_t i, const uint8_t* bytes) {
+    if (span.check(i)) check_tensor(info, i, bytes);
+  };
+  const auto each = [&](size_t i, const uint8_t* bytes) {
+    if (span.has(i)) visit_tensor(info, i, bytes, visit);
+  };
   if (streamed(info)) {  // as run_streamed: checked whole first, then visited
     const uint8_t* stored = prepare_stream(frame, info);
     stream_pass(stored, info, true, check);
@@ -221,8 +231,15 @@ void Decoder::visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes
   }
 }
 
-double Decoder::norm(const uint8_t* frame, size_t size) {
+double Decoder::norm(const uint8_t* frame, size_t size) { return norm_of(frame, size, nullptr); }
+
+double Decoder::norm(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets) {
+  return norm_of(frame, size, &targets);
+}
+
+double Decoder::norm_of(const uint8_t* frame, size_t size, const std::vector<TensorRef>* targets) {
   const FrameInfo info = parse_frame(frame, size, limits_);
+  if (targets != nullptr) check_targets(info, *targets);
   double sum = 0;
   const auto tensor = [&](size_t i, const uint8_t* bytes) {
     check_tensor(info, i, bytes);

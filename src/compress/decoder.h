@@ -29,6 +29,20 @@ struct BlockValues {
 };
 using BlockVisitor = std::function<void(size_t tensor, const BlockValues& block)>;
 
+// Tensors first..last − 1 of a frame's table: what a call that takes one checks and writes or
+// visits (the others' targets need a name and shape only, no buffer). The whole table by
+// default. A caller that works through a frame span by span (relay.cpp, to keep its scratch at
+// one span) checks the whole frame once first: norm() with targets.
+struct TensorSpan {
+  size_t first = 0;
+  size_t last = SIZE_MAX;
+  // The caller has checked this very frame whole (norm() with targets) and it has not changed
+  // since: its values are not checked again (the structure and the targets still are).
+  bool checked = false;
+  bool has(size_t i) const { return i >= first && i < last; }
+  bool check(size_t i) const { return has(i) && !checked; }
+};
+
 class Decoder {
  public:
   // Throws common::ConfigError on limits the frame format cannot carry.
@@ -51,7 +65,8 @@ class Decoder {
 
   // targets[i] += deq(tensor i). The frame's values are checked finite first, but a sum can
   // still overflow to ±Inf when a target already holds values near FLT_MAX.
-  void decode_add(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets);
+  void decode_add(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
+                  TensorSpan span = {});
   void decode_add(const std::vector<uint8_t>& frame, const std::vector<TensorRef>& targets) {
     decode_add(frame.data(), frame.size(), targets);
   }
@@ -60,6 +75,9 @@ class Decoder {
   // checksum, every value finite), without writing them anywhere: the head judges a
   // contribution by it before adding it into Δ. Memory: as decode().
   double norm(const uint8_t* frame, size_t size);
+  // The same after the checks decode() makes against `targets` (names and shapes; their data
+  // is neither read nor written): the whole frame checked as decode() would check it.
+  double norm(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets);
 
   // visit(i, block) for each block of each of the frame's tensors, in table order and within a
   // tensor in order: blocks of the frame's block size (a codec without blocks: the tensor as
@@ -67,18 +85,22 @@ class Decoder {
   // `targets` (names and shapes; their data is neither read nor written), so `visit` sees only
   // a frame decode() would accept. Memory: as decode(), plus one block's values (topk: a topk
   // frame is never written out densely) or one tensor's (a dense codec).
+  // With a span, only its tensors are checked and visited.
   void for_each_block(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets,
-                      const BlockVisitor& visit);
+                      const BlockVisitor& visit, TensorSpan span = {});
 
   const Limits& limits() const { return limits_; }
 
  private:
-  void check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets) const;
+  void check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets,
+                     TensorSpan span = {}) const;
+  double norm_of(const uint8_t* frame, size_t size, const std::vector<TensorRef>* targets);
   void visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes, const BlockVisitor& visit);
-  void run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets, bool add);
+  void run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets, bool add,
+           TensorSpan span = {});
   const uint8_t* payload(const uint8_t* frame, const FrameInfo& info);
   void run_streamed(const uint8_t* frame, const FrameInfo& info,
-                    const std::vector<TensorRef>& targets, bool add);
+                    const std::vector<TensorRef>& targets, bool add, TensorSpan span);
   // One pass over a large zstd payload, a tensor at a time: `each(i, bytes)` sees tensor i's
   // payload; the zstd frame's end and checksum are verified after the last tensor.
   // Checks the zstd frame's sizes and sizes the scratch buffer for its largest tensor; returns

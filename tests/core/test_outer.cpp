@@ -1023,6 +1023,59 @@ TEST_SUITE("outer") {
     CHECK(torch::equal(wide, all));  // within the region: the same bits as without one
   }
 
+  TEST_CASE("relay: the part worked through in spans of any size gives the bits of one span; a non-finite result in a later span leaves every span as it was") {
+    common::FlatLayout layout;  // four tensors: spans of one, two or all of them
+    layout.append("a", {300});
+    layout.append("b", {17});
+    layout.append("c", {64, 4});
+    layout.append("d", {40});
+    compress::Decoder dec;
+    const outer::RelayBundle b{0.75f, 4.5, {{"p0", 1.0, relay_frame(layout, 16, 21), false, 1.0f},
+                                           {"p1", 2.0, relay_frame(layout, 16, 22), false, 0.5f},
+                                           {"p2", 1.5, relay_frame(layout, 16, 23), false, 1.0f}}, {}};
+    torch::manual_seed(4);
+    const auto theta0 = torch::randn({layout.numel});
+    for (const auto mean : {common::RelayMean::kAll, common::RelayMean::kPresent, common::RelayMean::kClipped}) {
+      for (const double tau : {0.0, 0.01}) {
+        CAPTURE(static_cast<int>(mean));
+        CAPTURE(tau);
+        auto whole = theta0.clone();
+        outer::RelayBuffers one;
+        CHECK_FALSE(outer::apply_relay(dec, b, whole, layout, mean, 2.0, one, {tau, 0}).has_value());
+        CHECK_FALSE(one.two_pass);
+        CHECK(one.acc.numel() == layout.numel);  // one span
+        CHECK_FALSE(torch::equal(whole, theta0));
+        for (const int64_t chunk : {1, 300, 320, 600}) {
+          CAPTURE(chunk);
+          auto spans = theta0.clone();
+          outer::RelayBuffers buf;
+          buf.chunk = chunk;
+          CHECK_FALSE(outer::apply_relay(dec, b, spans, layout, mean, 2.0, buf, {tau, 0}).has_value());
+          CHECK(buf.acc.numel() <= std::max<int64_t>(chunk, 300));  // the widest span, no more
+          CHECK(buf.acc.numel() < layout.numel);
+          CHECK(torch::equal(spans, whole));  // bit for bit
+          CHECK(buf.trust_scaled == one.trust_scaled);
+          CHECK(buf.trust_ratio == one.trust_ratio);
+        }
+      }
+    }
+    // θ holds ±FLT_MAX in its last tensor and the weights sum to 1e-36: the first three
+    // tensors' steps are finite, the last one's are not. Dry run first; θ as it was.
+    auto tiny = b;
+    tiny.weight_sum = 1e-36;
+    auto edge = theta0.clone();
+    edge.narrow(0, layout.slots[3].offset, 20).fill_(std::numeric_limits<float>::max());
+    edge.narrow(0, layout.slots[3].offset + 20, 20).fill_(-std::numeric_limits<float>::max());
+    const auto edge0 = edge.clone();
+    outer::RelayBuffers buf;
+    buf.chunk = 1;
+    const auto at = outer::apply_relay(dec, tiny, edge, layout, common::RelayMean::kAll, 2.0, buf);
+    REQUIRE(at.has_value());
+    CHECK(*at >= layout.slots[3].offset);  // found in the last span
+    CHECK(buf.two_pass);
+    CHECK(torch::equal(edge, edge0));
+  }
+
   TEST_CASE("relay: theta - lr * sum(w * deq(frame)) / sum(w), identical bits on every replica; a non-finite step leaves theta as it was") {
     const common::FlatLayout layout = relay_layout();
     compress::Decoder dec;

@@ -177,72 +177,106 @@ RelayBundle read_relay(const net::Update& u) {
 
 namespace {
 
-float* sized(torch::Tensor& t, const torch::Tensor& like) {
-  if (!t.defined() || t.numel() != like.numel()) t = torch::empty_like(like);
+float* sized(torch::Tensor& t, int64_t n) {
+  if (!t.defined() || t.numel() < n) t = torch::empty({std::max<int64_t>(n, 1)}, torch::kFloat32);
   return t.data_ptr<float>();
 }
 
-// f(flat index, x) for each value `p`'s frame carries over `part`, x as the rule takes it:
-// its clip factor applied; and done(block) after each of the frame's blocks, in order (every
-// block, one with nothing sent included). The frame is decoded sparsely (Decoder::for_each_block):
-// a topk frame's unsent elements are never visited and never written anywhere.
-template <class F, class Done>
-void for_each_sent(compress::Decoder& decoder, const RelayPart& p, const common::FlatLayout& part,
-                   const std::vector<compress::TensorRef>& targets, F&& f, Done&& done) {
-  const float k = p.clip;
-  decoder.for_each_block(p.frame.data(), p.frame.size(), targets,
-                         [&](size_t t, const compress::BlockValues& blk) {
-                           const int64_t base = part.slots[t].offset + static_cast<int64_t>(blk.start);
-                           for (uint32_t j = 0; j < blk.n; ++j) {
-                             float x = blk.value[j];
-                             if (k != 1.0f) x = k * x;  // clipped to the median norm by the head
-                             f(base + (blk.pos != nullptr ? blk.pos[j] : j), x);
-                           }
-                           done(base, base + blk.len);
-                         });
+// Consecutive tensors of `part` whose elements lie in one range of at most `chunk` (a tensor
+// larger than that is a span of its own): apply_relay's scratch holds one span at a time.
+struct Span {
+  compress::TensorSpan tensors;
+  int64_t begin = 0, end = 0;  // flat elements
+};
+
+std::vector<Span> spans_of(const common::FlatLayout& part, int64_t chunk) {
+  std::vector<Span> out;
+  for (size_t t = 0; t < part.slots.size(); ++t) {
+    const auto& s = part.slots[t];
+    Span* last = out.empty() ? nullptr : &out.back();
+    if (last != nullptr && s.offset >= last->end && s.offset + s.numel - last->begin <= chunk) {
+      last->tensors.last = t + 1;
+      last->end = s.offset + s.numel;
+    } else {
+      out.push_back({{t, t + 1}, s.offset, s.offset + s.numel});
+    }
+  }
+  return out;
 }
 
-// What apply_relay works on: the relayed round over `part`, the rule's flags, and its buffers (the sum,
-// the senders' weight, the credits) sized to θ.
+// What apply_relay works on: the relayed round over `part`, the rule's flags, the span in hand
+// and its buffers (the sum, the senders' weight, the credits), indexed from span.begin.
 struct RelayPass {
   compress::Decoder& decoder;
   const RelayBundle& b;
   const common::FlatLayout& part;
   std::vector<compress::TensorRef> targets;  // part's names and shapes
   bool present = false, clipped = false;
-  torch::Tensor* acc = nullptr;  // a's tensor
+  Span span;
   float* a = nullptr;  // Σ wₖ·xₖ
   float* c = nullptr;  // "present"/"clipped": the senders' weight (then, "clipped", their mean)
   float* e = nullptr;  // "clipped": the credits of those that did not send
 };
 
-// Pass one, each frame in part order, only the elements it sent: a[i] += w·x (adding w·0 where
-// it sent nothing would change nothing: acc is never −0), and with "present"/"clipped" the
-// senders' weight c[i] += w where x ≠ 0. Returns, "clipped", each frame's smallest magnitude
-// sent in each of its blocks times outer.relay_clip `alpha` (0 for a block it sent nothing in).
+// f(flat index, x) for each value `p`'s frame carries over the span's tensors, x as the rule
+// takes it: its clip factor applied; and done(begin, end) after each of their blocks, in order
+// (every block, one with nothing sent included). The frame is decoded sparsely
+// (Decoder::for_each_block): a topk frame's unsent elements are never visited nor written.
+template <class F, class Done>
+void for_each_sent(RelayPass& r, const RelayPart& p, F&& f, Done&& done) {
+  const float k = p.clip;
+  r.decoder.for_each_block(
+      p.frame.data(), p.frame.size(), r.targets,
+      [&](size_t t, const compress::BlockValues& blk) {
+        const int64_t base = r.part.slots[t].offset + static_cast<int64_t>(blk.start);
+        for (uint32_t j = 0; j < blk.n; ++j) {
+          float x = blk.value[j];
+          if (k != 1.0f) x = k * x;  // clipped to the median norm by the head
+          f(base + (blk.pos != nullptr ? blk.pos[j] : j), x);
+        }
+        done(base, base + blk.len);
+      },
+      r.span.tensors);
+}
+
+// A frame of weight 1 and no clip, rule "all": a[i] + 1·x is a[i] + x, so the decoder adds the
+// span's values straight in (a sparse add).
+void add_whole(RelayPass& r, const RelayPart& p) {
+  std::vector<compress::TensorRef> into = r.targets;
+  for (size_t t = r.span.tensors.first; t < r.span.tensors.last; ++t) {
+    into[t].data = r.a + (r.part.slots[t].offset - r.span.begin);
+  }
+  r.decoder.decode_add(p.frame.data(), p.frame.size(), into, r.span.tensors);
+}
+
+// Pass one over the span, each frame in part order, only the elements it sent: a[i] += w·x
+// (adding w·0 where it sent nothing would change nothing: a is never −0), and with
+// "present"/"clipped" the senders' weight c[i] += w where x ≠ 0. Returns, "clipped", each
+// frame's smallest magnitude sent in each of its blocks times outer.relay_clip `alpha` (0 for a
+// block it sent nothing in).
 std::vector<std::vector<float>> sum_sent(RelayPass& r, float alpha) {
   std::vector<std::vector<float>> least_sent(r.clipped ? r.b.parts.size() : 0);
   float* a = r.a;
   float* c = r.c;
+  const int64_t o = r.span.begin;
   for (size_t q = 0; q < r.b.parts.size(); ++q) {
     const RelayPart& p = r.b.parts[q];
     if (!r.present && p.weight == 1.0 && p.clip == 1.0f) {
-      // a[i] + 1·x is a[i] + x: the decoder adds the frame's values straight in (a sparse add).
-      compress::decode_add(r.decoder, p.frame.data(), p.frame.size(), r.part, *r.acc);
+      add_whole(r, p);
       continue;
     }
     const auto w = static_cast<float>(p.weight);
     float least = std::numeric_limits<float>::infinity();
     for_each_sent(
-        r.decoder, p, r.part, r.targets,
+        r, p,
         [&](int64_t i, float x) {
           if (!r.present) {
-            a[i] = a[i] + w * x;
+            a[i - o] = a[i - o] + w * x;
             return;
           }
           if (x == 0.0f) return;  // sent as 0: as if not sent
-          a[i] = a[i] + w * x;
-          c[i] = c[i] + w;
+          a[i - o] = a[i - o] + w * x;
+          c[i - o] = c[i - o] + w;
           if (r.clipped) least = std::min(least, std::fabs(x));  // "present" needs none
         },
         [&](int64_t, int64_t) {
@@ -263,75 +297,131 @@ void credit_unsent(RelayPass& r, const std::vector<std::vector<float>>& least_se
   const float* a = r.a;
   float* c = r.c;
   float* e = r.e;
-  for (const auto& s : r.part.slots) {
-    std::fill(e + s.offset, e + s.offset + s.numel, 0.0f);
-    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) c[i] = c[i] > 0.0f ? a[i] / c[i] : 0.0f;
-  }
+  const int64_t o = r.span.begin;
+  std::fill(e, e + (r.span.end - o), 0.0f);
+  for (int64_t i = 0; i < r.span.end - o; ++i) c[i] = c[i] > 0.0f ? a[i] / c[i] : 0.0f;
   for (size_t q = 0; q < r.b.parts.size(); ++q) {
     const RelayPart& p = r.b.parts[q];
     const auto w = static_cast<float>(p.weight);
     size_t blk = 0;
     sent.clear();
     for_each_sent(
-        r.decoder, p, r.part, r.targets,
+        r, p,
         [&](int64_t i, float x) {
           if (x != 0.0f) sent.push_back(i);
         },
         [&](int64_t lo, int64_t hi) {
           const float f = least_sent[q][blk++];
-          size_t next = 0;
-          for (int64_t i = lo; i < hi; ++i) {
-            if (next < sent.size() && sent[next] == i) {
-              ++next;
-              continue;
+          // The runs between its sent elements, each a plain loop the compiler vectorizes.
+          const auto credit = [&](int64_t from, int64_t to) {
+            for (int64_t j = from - o; j < to - o; ++j) {
+              e[j] = e[j] + w * std::copysign(std::min(std::fabs(c[j]), f), c[j]);
             }
-            e[i] = e[i] + w * std::copysign(std::min(std::fabs(c[i]), f), c[i]);
+          };
+          int64_t from = lo;
+          for (const int64_t i : sent) {
+            credit(from, i);
+            from = i + 1;
           }
+          credit(from, hi);
           sent.clear();
         });
   }
 }
 
-// The new θ into acc first: θ stays as it was unless every value is finite. With a trust
-// region, each trained tensor's mean goes to `values` first, to be measured and scaled.
-std::optional<int64_t> step_theta(RelayPass& r, torch::Tensor& theta, const TrustRegion& trust,
-                                  RelayBuffers& buf) {
+// The span's new θ into a: returns the first element that is not finite; with `write` (and
+// all finite) θ then takes them. With a trust region, each trained tensor's mean goes to
+// `values` first, to be measured and scaled.
+std::optional<int64_t> step_span(RelayPass& r, torch::Tensor& theta, const TrustRegion& trust,
+                                 RelayBuffers& buf, bool write) {
   float* a = r.a;
   const float* c = r.c;
   const float* e = r.e;
+  const int64_t o = r.span.begin;
   const float* t = theta.data_ptr<float>();
   const float lr = r.b.lr;
   const auto sum = static_cast<float>(r.b.weight_sum);
   const int64_t trained = r.part.trained_numel();
-  const auto mean_at = [&](int64_t i) {  // the round's mean at element i
-    return r.clipped    ? (a[i] + e[i]) / sum
-           : !r.present ? a[i] / sum
-           : c[i] > 0.0f ? a[i] / c[i]
+  const auto mean_at = [&](int64_t j) {  // the round's mean at span element j
+    return r.clipped    ? (a[j] + e[j]) / sum
+           : !r.present ? a[j] / sum
+           : c[j] > 0.0f ? a[j] / c[j]
                          : 0.0f;
   };
   const bool region = trust.tau > 0;
-  float* dv = region ? sized(buf.values, theta) : nullptr;
-  for (const auto& s : r.part.slots) {
+  float* dv = region ? sized(buf.values, r.span.end - o) : nullptr;
+  for (size_t k = r.span.tensors.first; k < r.span.tensors.last; ++k) {
+    const auto& s = r.part.slots[k];
     const bool measured = region && s.offset < trained;
     float scale = 1.0f;
     if (measured) {
-      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) dv[i] = mean_at(i);
-      const auto v = trust_verdict(dv + s.offset, t + s.offset, s.numel, lr, trust);
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) dv[i - o] = mean_at(i - o);
+      const auto v = trust_verdict(dv + (s.offset - o), t + s.offset, s.numel, lr, trust);
       scale = v.scale;
       buf.trust_ratio = std::max(buf.trust_ratio, v.ratio);
       buf.trust_scaled += scale < 1.0f ? 1 : 0;
     }
     for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-      float d = measured ? dv[i] : mean_at(i);
+      float d = measured ? dv[i - o] : mean_at(i - o);
       if (scale != 1.0f) d = scale * d;
       // Float buffers (past the trained parameters) take the average, as OuterOptimizer does.
-      a[i] = i < trained ? t[i] - lr * d : t[i] - d;
-      if (!std::isfinite(a[i])) return i;
+      a[i - o] = i < trained ? t[i] - lr * d : t[i] - d;
+    }
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+      if (!std::isfinite(a[i - o])) return i;
     }
   }
+  if (!write) return std::nullopt;
   float* out = theta.data_ptr<float>();
-  for (const auto& s : r.part.slots) std::copy(a + s.offset, a + s.offset + s.numel, out + s.offset);
+  for (size_t k = r.span.tensors.first; k < r.span.tensors.last; ++k) {
+    const auto& s = r.part.slots[k];
+    std::copy(a + (s.offset - o), a + (s.offset - o) + s.numel, out + s.offset);
+  }
   return std::nullopt;
+}
+
+// One span, all three steps.
+std::optional<int64_t> apply_span(RelayPass& r, torch::Tensor& theta, double clip,
+                                  const TrustRegion& trust, RelayBuffers& buf, bool write) {
+  const int64_t n = r.span.end - r.span.begin;
+  std::fill(r.a, r.a + n, 0.0f);
+  if (r.present) std::fill(r.c, r.c + n, 0.0f);
+  const auto least_sent = sum_sent(r, static_cast<float>(clip));
+  if (r.clipped) credit_unsent(r, least_sent, buf.sent);
+  return step_span(r, theta, trust, buf, write);
+}
+
+// Whether every value the step can produce is finite, from each frame's L2 norm (a bound on
+// any one of its values), the weights, the rate and θ's largest magnitude, with a wide margin
+// for rounding (all in double): then θ can be stepped span by span. Otherwise (a huge rate, a
+// weight below float's normal range, values near FLT_MAX) each span is computed once without
+// writing first, so that θ is left as it was when any value is not.
+bool surely_finite(const RelayBundle& b, const std::vector<double>& norms, const torch::Tensor& theta,
+                   const common::FlatLayout& part, common::RelayMean mean) {
+  double x = 0, w_all = 0, w_min = std::numeric_limits<double>::infinity();
+  for (size_t q = 0; q < b.parts.size(); ++q) {
+    x = std::max(x, static_cast<double>(b.parts[q].clip) * norms[q]);
+    const double w = static_cast<float>(b.parts[q].weight);
+    w_all += w;
+    w_min = std::min(w_min, w);
+  }
+  const double sum = static_cast<float>(b.weight_sum);
+  const double least = std::numeric_limits<float>::min();
+  if (!(w_min >= least && sum >= least)) return false;
+  const double present = w_all * x / w_min;  // |senders' mean| (a sum over a weight in it)
+  const double m = mean == common::RelayMean::kAll       ? w_all * x / sum
+                   : mean == common::RelayMean::kPresent ? present
+                                                         : (w_all * x + w_all * present) / sum;
+  double t = 0;
+  const float* th = theta.data_ptr<float>();
+  for (const auto& s : part.slots) {
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+      const double v = std::fabs(th[i]);
+      if (!(v <= t)) t = v;  // a NaN in θ makes the bound NaN: not sure
+    }
+  }
+  const double bound = t + std::max(std::fabs(static_cast<double>(b.lr)), 1.0) * m;
+  return std::isfinite(bound) && bound < 1e30;  // FLT_MAX is 3.4e38
 }
 
 }  // namespace
@@ -348,21 +438,34 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
                         "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
   }
   RelayPass r{decoder, b, part, compress::refs(part, theta)};
+  // Every frame checked whole before θ is touched: names, shapes, structure, checksum, values.
+  std::vector<double> norms;
+  for (const RelayPart& p : b.parts) norms.push_back(decoder.norm(p.frame.data(), p.frame.size(), r.targets));
   r.clipped = mean == common::RelayMean::kClipped;
   r.present = mean != common::RelayMean::kAll;  // "present" and "clipped" count senders
-  r.a = sized(buf.acc, theta);
-  r.acc = &buf.acc;
-  r.c = r.present ? sized(buf.present, theta) : nullptr;
-  for (const auto& s : part.slots) {
-    std::fill(r.a + s.offset, r.a + s.offset + s.numel, 0.0f);
-    if (r.present) std::fill(r.c + s.offset, r.c + s.offset + s.numel, 0.0f);
+  auto spans = spans_of(part, std::max<int64_t>(buf.chunk, 1));
+  for (Span& s : spans) s.tensors.checked = true;  // each frame checked whole just above
+  int64_t widest = 0;
+  for (const Span& s : spans) widest = std::max(widest, s.end - s.begin);
+  r.a = sized(buf.acc, widest);
+  r.c = r.present ? sized(buf.present, widest) : nullptr;
+  r.e = r.clipped ? sized(buf.extra, widest) : nullptr;
+  const bool checked = surely_finite(b, norms, theta, part, mean);
+  buf.two_pass = !checked;
+  if (!checked) {  // a dry run first: θ stays as it was unless every value is finite
+    for (const Span& s : spans) {
+      r.span = s;
+      if (const auto at = apply_span(r, theta, clip, trust, buf, false)) return at;
+    }
+    buf.trust_scaled = 0;
+    buf.trust_ratio = 0;
   }
-  const auto least_sent = sum_sent(r, static_cast<float>(clip));
-  if (r.clipped) {
-    r.e = sized(buf.extra, theta);
-    credit_unsent(r, least_sent, buf.sent);
+  for (const Span& s : spans) {
+    r.span = s;
+    // By the bound (or the dry run), no value is anything but finite here.
+    if (const auto at = apply_span(r, theta, clip, trust, buf, true)) return at;
   }
-  return step_theta(r, theta, trust, buf);
+  return std::nullopt;
 }
 
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,

@@ -91,24 +91,35 @@ net::Update write_relay(const RelayBundle& b, const std::string& receiver = "");
 // kTruncated / kOverLimit / kBadMagic / kBadVersion) naming what is wrong.
 RelayBundle read_relay(const net::Update& u);
 
-// Scratch for apply_relay, allocated on first use and kept: the sum; the weight present at each
-// element ("present"; "clipped", where it then becomes the senders' mean); the credits of those
-// that did not send ("clipped" only); each trained tensor's mean under a trust region; and one
-// block's sent elements ("clipped"). Each frame is read sparsely (Decoder::for_each_block): no
-// frame is decoded to a dense buffer and nothing is kept per frame but its least values.
+// Scratch for apply_relay, allocated on first use and kept, each the size of one span of the
+// part (consecutive tensors over at most `chunk` elements; a larger tensor is a span of its
+// own): the sum; the weight present at each element ("present"; "clipped", where it then
+// becomes the senders' mean); the credits of those that did not send ("clipped" only); each
+// trained tensor's mean under a trust region; and one block's sent elements ("clipped"). The
+// part is worked through span by span, each frame read sparsely over the span's tensors
+// (Decoder::for_each_block): no frame is decoded to a dense buffer, nothing is kept per frame
+// but its least values, and no buffer is the size of the model (at 101 M parameters and the
+// default chunk, a span is 2^24 elements at most: 64 MB a buffer, not 404).
 struct RelayBuffers {
-  torch::Tensor acc, values, present, extra;
+  torch::Tensor acc, present, extra, values;
   std::vector<int64_t> sent;
+  int64_t chunk = int64_t{1} << 24;  // elements a span holds at most
   int trust_scaled = 0;     // the last apply_relay: tensors its trust region scaled
   double trust_ratio = 0;   // and the largest ‖lr·Δₜ‖ / radius before scaling
+  bool two_pass = false;    // and whether it had to compute every span twice (below)
 };
 
 // θ ← θ − lr · Σ wₖ·deq(frameₖ) / divisor over `part`'s tensors (the round's fragment): the
 // divisor is b.weight_sum (`mean` kAll) or each element's present weight (kPresent); kClipped
 // as above, with `clip` (outer.relay_clip; unused otherwise) and each frame's own block size.
-// Every frame is checked before θ is touched ("clipped" walks each frame a second time, to
-// credit the elements it did not send); a result that is not finite leaves θ as it was and returns where
-// (flat index). Parts flagged `own` must have had their frame filled in.
+// Every frame is checked whole before θ is touched (Decoder::norm with the part's names and
+// shapes; "clipped" then walks each frame a second time per span, to credit the elements it did
+// not send). A result that is not finite leaves θ as it was and returns where (flat index): θ
+// is stepped span by span when a bound from the frames' norms, the weights, the rate and θ's
+// largest value shows every result finite (any ordinary round), else each span is first
+// computed without writing (`two_pass`). The floats are those of a single pass over the whole
+// part, whatever the chunk: each element sees the same operations in the same order. Parts
+// flagged `own` must have had their frame filled in.
 std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle& b,
                                    torch::Tensor& theta, const common::FlatLayout& part,
                                    common::RelayMean mean, double clip, RelayBuffers& buf,
