@@ -203,13 +203,19 @@ void Decoder::for_each_block(const uint8_t* frame, size_t size,
   for (size_t i = 0; i < info.tensors.size(); ++i) each(i, tensor_bytes(info, i, p));
 }
 
-void Decoder::visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes,
-                           const BlockVisitor& visit) {
+uint64_t Decoder::check_visitable(const FrameInfo& info, size_t i) {
   const TensorEntry& e = info.tensors[i];
   const uint64_t block = info.block_size > 0 ? info.block_size : std::max<uint64_t>(e.numel, 1);
   XLOCO_FRAME_ENFORCE(block <= UINT32_MAX, kOverLimit,
                       "tensor '{}': a block of {} elements is more than one visit can carry",
                       quote(e.name), block);
+  return block;
+}
+
+void Decoder::visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes,
+                           const BlockVisitor& visit) {
+  const TensorEntry& e = info.tensors[i];
+  const uint64_t block = check_visitable(info, i);
   if (info.codec == Codec::kTopk) {
     block_values_.resize(std::min<uint64_t>(info.topk, block));
     block_pos_.resize(block_values_.size());
@@ -239,7 +245,10 @@ double Decoder::norm(const uint8_t* frame, size_t size, const std::vector<Tensor
 
 double Decoder::norm_of(const uint8_t* frame, size_t size, const std::vector<TensorRef>* targets) {
   const FrameInfo info = parse_frame(frame, size, limits_);
-  if (targets != nullptr) check_targets(info, *targets);
+  if (targets != nullptr) {
+    check_targets(info, *targets);
+    for (size_t i = 0; i < info.tensors.size(); ++i) check_visitable(info, i);  // as for_each_block
+  }
   double sum = 0;
   const auto tensor = [&](size_t i, const uint8_t* bytes) {
     check_tensor(info, i, bytes);

@@ -75,8 +75,8 @@ class Decoder {
   // checksum, every value finite), without writing them anywhere: the head judges a
   // contribution by it before adding it into Δ. Memory: as decode().
   double norm(const uint8_t* frame, size_t size);
-  // The same after the checks decode() makes against `targets` (names and shapes; their data
-  // is neither read nor written): the whole frame checked as decode() would check it.
+  // The same after the checks decode() and for_each_block() make against `targets` (names and
+  // shapes; their data is neither read nor written): the whole frame checked as they would.
   double norm(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets);
 
   // visit(i, block) for each block of each of the frame's tensors, in table order and within a
@@ -95,6 +95,8 @@ class Decoder {
   void check_targets(const FrameInfo& info, const std::vector<TensorRef>& targets,
                      TensorSpan span = {}) const;
   double norm_of(const uint8_t* frame, size_t size, const std::vector<TensorRef>* targets);
+  // Tensor i's block size for a visit; throws kOverLimit where one visit cannot carry a block.
+  static uint64_t check_visitable(const FrameInfo& info, size_t i);
   void visit_tensor(const FrameInfo& info, size_t i, const uint8_t* bytes, const BlockVisitor& visit);
   void run(const uint8_t* frame, size_t size, const std::vector<TensorRef>& targets, bool add,
            TensorSpan span = {});

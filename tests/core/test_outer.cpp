@@ -1074,6 +1074,33 @@ TEST_SUITE("outer") {
     CHECK(*at >= layout.slots[3].offset);  // found in the last span
     CHECK(buf.two_pass);
     CHECK(torch::equal(edge, edge0));
+    // Two fp32 frames that both send 3e38 at one element of the last tensor, and a weight sum
+    // of 1e20: the mean would be small, but the sum on the way to it overflows. Their other
+    // values (about 1e28) would move every earlier span by about 1e8: none is stepped.
+    compress::CodecConfig fp32;
+    fp32.codec = compress::Codec::kFp32;
+    const auto big_frame = [&](uint64_t seed) {
+      torch::manual_seed(seed);
+      auto v = torch::randn({layout.numel}) * 1e28;
+      v[layout.slots[3].offset + 5] = 3e38f;
+      compress::Encoder enc(fp32);
+      std::vector<uint8_t> out;
+      compress::encode(enc, layout, v, out);
+      return net::Frame(std::move(out));
+    };
+    const outer::RelayBundle big{0.5f, 1e20, {{"p0", 1.0, big_frame(31), false, 1.0f},
+                                              {"p1", 1.0, big_frame(32), false, 1.0f}}, {}};
+    for (const auto mean : {common::RelayMean::kAll, common::RelayMean::kPresent, common::RelayMean::kClipped}) {
+      CAPTURE(static_cast<int>(mean));
+      auto kept = theta0.clone();
+      outer::RelayBuffers bb;
+      bb.chunk = 1;
+      const auto where = outer::apply_relay(dec, big, kept, layout, mean, 2.0, bb);
+      REQUIRE(where.has_value());
+      CHECK(*where == layout.slots[3].offset + 5);
+      CHECK(bb.two_pass);
+      CHECK(torch::equal(kept, theta0));
+    }
   }
 
   TEST_CASE("relay: theta - lr * sum(w * deq(frame)) / sum(w), identical bits on every replica; a non-finite step leaves theta as it was") {

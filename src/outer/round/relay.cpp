@@ -393,35 +393,38 @@ std::optional<int64_t> apply_span(RelayPass& r, torch::Tensor& theta, double cli
 
 // Whether every value the step can produce is finite, from each frame's L2 norm (a bound on
 // any one of its values), the weights, the rate and θ's largest magnitude, with a wide margin
-// for rounding (all in double): then θ can be stepped span by span. Otherwise (a huge rate, a
-// weight below float's normal range, values near FLT_MAX) each span is computed once without
-// writing first, so that θ is left as it was when any value is not.
+// for rounding (all in double): then θ can be stepped span by span. Every quantity on the way
+// is bounded, not only the mean: a product w·x and the running sum (≤ s = Σ wₖ·clipₖ·‖frameₖ‖),
+// the senders' mean (≤ s / w_min), the credits (≤ w_all times that), and θ's new value.
+// Otherwise (a huge rate or weight, a weight below float's normal range, values near FLT_MAX)
+// each span is computed once without writing first, so that θ is left as it was when any
+// value is not finite.
 bool surely_finite(const RelayBundle& b, const std::vector<double>& norms, const torch::Tensor& theta,
                    const common::FlatLayout& part, common::RelayMean mean) {
-  double x = 0, w_all = 0, w_min = std::numeric_limits<double>::infinity();
+  double s = 0, w_all = 0, w_min = std::numeric_limits<double>::infinity();
   for (size_t q = 0; q < b.parts.size(); ++q) {
-    x = std::max(x, static_cast<double>(b.parts[q].clip) * norms[q]);
     const double w = static_cast<float>(b.parts[q].weight);
+    s += w * static_cast<double>(b.parts[q].clip) * norms[q];
     w_all += w;
     w_min = std::min(w_min, w);
   }
   const double sum = static_cast<float>(b.weight_sum);
   const double least = std::numeric_limits<float>::min();
   if (!(w_min >= least && sum >= least)) return false;
-  const double present = w_all * x / w_min;  // |senders' mean| (a sum over a weight in it)
-  const double m = mean == common::RelayMean::kAll       ? w_all * x / sum
-                   : mean == common::RelayMean::kPresent ? present
-                                                         : (w_all * x + w_all * present) / sum;
+  const double senders = s / w_min;  // |a / c|: c holds a sender's weight at least
+  const double numerator = mean == common::RelayMean::kClipped ? s + w_all * senders : s;
+  const double m = mean == common::RelayMean::kPresent ? senders : numerator / sum;
   double t = 0;
   const float* th = theta.data_ptr<float>();
-  for (const auto& s : part.slots) {
-    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+  for (const auto& slot : part.slots) {
+    for (int64_t i = slot.offset; i < slot.offset + slot.numel; ++i) {
       const double v = std::fabs(th[i]);
       if (!(v <= t)) t = v;  // a NaN in θ makes the bound NaN: not sure
     }
   }
-  const double bound = t + std::max(std::fabs(static_cast<double>(b.lr)), 1.0) * m;
-  return std::isfinite(bound) && bound < 1e30;  // FLT_MAX is 3.4e38
+  const double step = t + std::max(std::fabs(static_cast<double>(b.lr)), 1.0) * m;
+  const double largest = std::max({numerator, senders, m, step});
+  return std::isfinite(largest) && largest < 1e30;  // FLT_MAX is 3.4e38
 }
 
 }  // namespace
