@@ -28,4 +28,23 @@ void decode(Decoder& decoder, const uint8_t* frame, size_t size, const common::F
 void decode_add(Decoder& decoder, const uint8_t* frame, size_t size,
                 const common::FlatLayout& layout, at::Tensor& flat);
 
+// f(i, x) for each value x a frame carries over `layout`'s tensors (those of `span`), i its
+// element in the layout's flat buffer, in table and block order; then done(begin, end) after
+// each block with its flat range (every block, one with nothing sent included). x is the float
+// decode() writes there. Sparse for topk: unsent elements are never visited
+// (Decoder::for_each_block, which makes the checks; targets give names and shapes).
+template <class F, class Done>
+void for_each_value(Decoder& decoder, const uint8_t* frame, size_t size,
+                    const common::FlatLayout& layout, const std::vector<TensorRef>& targets,
+                    F&& f, Done&& done, TensorSpan span = {}) {
+  decoder.for_each_block(
+      frame, size, targets,
+      [&](size_t t, const BlockValues& b) {
+        const int64_t at = layout.slots[t].offset + static_cast<int64_t>(b.start);
+        for (uint32_t j = 0; j < b.n; ++j) f(at + (b.pos != nullptr ? b.pos[j] : j), b.value[j]);
+        done(at, at + b.len);
+      },
+      span);
+}
+
 }  // namespace xloco::compress

@@ -361,19 +361,16 @@ void Aggregator::add_weighted(const net::Frame& frame, const common::FlatLayout&
     std::fill(buf, buf + len, 0.0f);
     begin = -1;
   };
-  const auto targets = compress::refs(part, delta_);
-  decoder_.for_each_block(frame.data(), frame.size(), targets,
-                          [&](size_t t, const compress::BlockValues& b) {
-    const int64_t at = part.slots[t].offset + static_cast<int64_t>(b.start);  // as relay.cpp's
-    for (uint32_t j = 0; j < b.n; ++j) {
-      const int64_t p = at + (b.pos != nullptr ? b.pos[j] : j);
-      if (begin < 0 || p < begin || p >= begin + kChunk) {
-        flush();
-        begin = p / kChunk * kChunk;
-      }
-      buf[p - begin] = b.value[j];
-    }
-  });
+  compress::for_each_value(
+      decoder_, frame.data(), frame.size(), part, compress::refs(part, delta_),
+      [&](int64_t p, float x) {
+        if (begin < 0 || p < begin || p >= begin + kChunk) {
+          flush();
+          begin = p / kChunk * kChunk;
+        }
+        buf[p - begin] = x;
+      },
+      [](int64_t, int64_t) {});
   flush();
 }
 

@@ -211,8 +211,9 @@ struct RelayPass {
   const RelayBundle& b;
   const common::FlatLayout& part;
   std::vector<compress::TensorRef> targets;  // part's names and shapes
+  std::vector<compress::TensorRef> into;     // the same, the span's tensors pointing into a
   bool present = false, clipped = false;
-  Span span;
+  Span span{};
   float* a = nullptr;  // Σ wₖ·xₖ
   float* c = nullptr;  // "present"/"clipped": the senders' weight (then, "clipped", their mean)
   float* e = nullptr;  // "clipped": the credits of those that did not send
@@ -220,33 +221,23 @@ struct RelayPass {
 
 // f(flat index, x) for each value `p`'s frame carries over the span's tensors, x as the rule
 // takes it: its clip factor applied; and done(begin, end) after each of their blocks, in order
-// (every block, one with nothing sent included). The frame is decoded sparsely
-// (Decoder::for_each_block): a topk frame's unsent elements are never visited nor written.
+// (compress::for_each_value: a topk frame's unsent elements are never visited nor written).
 template <class F, class Done>
 void for_each_sent(RelayPass& r, const RelayPart& p, F&& f, Done&& done) {
   const float k = p.clip;
-  r.decoder.for_each_block(
-      p.frame.data(), p.frame.size(), r.targets,
-      [&](size_t t, const compress::BlockValues& blk) {
-        const int64_t base = r.part.slots[t].offset + static_cast<int64_t>(blk.start);
-        for (uint32_t j = 0; j < blk.n; ++j) {
-          float x = blk.value[j];
-          if (k != 1.0f) x = k * x;  // clipped to the median norm by the head
-          f(base + (blk.pos != nullptr ? blk.pos[j] : j), x);
-        }
-        done(base, base + blk.len);
+  compress::for_each_value(
+      r.decoder, p.frame.data(), p.frame.size(), r.part, r.targets,
+      [&](int64_t i, float x) {
+        if (k != 1.0f) x = k * x;  // clipped to the median norm by the head
+        f(i, x);
       },
-      r.span.tensors);
+      done, r.span.tensors);
 }
 
 // A frame of weight 1 and no clip, rule "all": a[i] + 1·x is a[i] + x, so the decoder adds the
-// span's values straight in (a sparse add).
+// span's values straight in (a sparse add), into the span's tensors' places in a.
 void add_whole(RelayPass& r, const RelayPart& p) {
-  std::vector<compress::TensorRef> into = r.targets;
-  for (size_t t = r.span.tensors.first; t < r.span.tensors.last; ++t) {
-    into[t].data = r.a + (r.part.slots[t].offset - r.span.begin);
-  }
-  r.decoder.decode_add(p.frame.data(), p.frame.size(), into, r.span.tensors);
+  r.decoder.decode_add(p.frame.data(), p.frame.size(), r.into, r.span.tensors);
 }
 
 // Pass one over the span, each frame in part order, only the elements it sent: a[i] += w·x
@@ -384,6 +375,9 @@ std::optional<int64_t> step_span(RelayPass& r, torch::Tensor& theta, const Trust
 std::optional<int64_t> apply_span(RelayPass& r, torch::Tensor& theta, double clip,
                                   const TrustRegion& trust, RelayBuffers& buf, bool write) {
   const int64_t n = r.span.end - r.span.begin;
+  for (size_t t = r.span.tensors.first; t < r.span.tensors.last; ++t) {
+    r.into[t].data = r.a + (r.part.slots[t].offset - r.span.begin);
+  }
   std::fill(r.a, r.a + n, 0.0f);
   if (r.present) std::fill(r.c, r.c + n, 0.0f);
   const auto least_sent = sum_sent(r, static_cast<float>(clip));
@@ -440,7 +434,8 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
     XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
                         "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
   }
-  RelayPass r{decoder, b, part, compress::refs(part, theta)};
+  const auto targets = compress::refs(part, theta);
+  RelayPass r{decoder, b, part, targets, targets};
   // Every frame checked whole before θ is touched: names, shapes, structure, checksum, values.
   std::vector<double> norms;
   for (const RelayPart& p : b.parts) norms.push_back(decoder.norm(p.frame.data(), p.frame.size(), r.targets));
