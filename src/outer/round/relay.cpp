@@ -432,7 +432,8 @@ std::optional<int64_t> apply_relay(compress::Decoder& decoder, const RelayBundle
   if (b.parts.empty()) return std::nullopt;
   for (const RelayPart& p : b.parts) {
     XLOCO_FRAME_ENFORCE(!p.frame.empty(), kMismatch,
-                        "relay part '{}' has no frame (a receiver's own, not filled in)", p.peer);
+                        "relay part '{}' has no frame (a receiver's own, not filled in)",
+                        common::printable(p.peer, 64));
   }
   const auto targets = compress::refs(part, theta);
   RelayPass r{decoder, b, part, targets, targets};
